@@ -1,0 +1,441 @@
+// SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause)
+/*
+ * rprof's in-kernel half. On every event of a target thread (a cpu-clock tick
+ * or a syscall tracepoint) it finds *that* thread's Ruby execution context
+ * through its own thread pointer, copies the VM's control frames in a few bulk
+ * reads, reduces each frame to its identity (iseq, pc, method entry) and counts
+ * the stack in a hash map. Names, paths and lines are resolved in userspace.
+ * Nothing version-specific is compiled in: offsets come from `procs`.
+ */
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_core_read.h>
+#include <bpf/bpf_tracing.h>
+#include "rprof.h"
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
+
+#define EEXIST 17
+#define CFP_BYTES (RPROF_CFP_CHUNK * RPROF_MAX_CFP_SIZE)
+/*
+ * `len` clamped to `max` (a power of two), in a form the verifier can bound:
+ * the barrier stops clang from dropping the mask it deems redundant.
+ */
+#define CLAMPED(len, max)                         \
+	({                                        \
+		__u64 __len = (len);              \
+		if (__len > (max))                \
+			__len = (max);            \
+		asm volatile("" : "+r"(__len));   \
+		__len & (2 * (max) - 1);          \
+	})
+
+struct scratch {
+	struct rprof_sample_header hdr;
+	struct rprof_frame frames[RPROF_MAX_FRAMES]; /* must follow hdr directly */
+	/* Twice the largest read, so a masked length always fits (see BOUNDED). */
+	__u8 cfps[2 * CFP_BYTES];
+	__u8 vstack[2 * RPROF_VSTACK_WINDOW];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 256);
+	__type(key, __u32);
+	__type(value, struct rprof_proc);
+} procs SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 8 << 20); /* resized by userspace */
+} samples SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct rprof_count_key);
+	__type(value, struct rprof_stack_count);
+} counts SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, RPROF_STAT_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+} stats SEC(".maps");
+
+/* Two slots per CPU (sampling, tracing): a cpu-clock tick can interrupt a tracepoint program. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 2); /* set to 2 * possible CPUs by userspace */
+	__type(key, __u32);
+	__type(value, struct scratch);
+} scratch SEC(".maps");
+
+/* Current counts epoch; userspace bumps it, then drains older entries. */
+volatile __u64 epoch;
+
+/* Keep the shared types in BTF so the skeleton generates them for Rust. */
+struct rprof_frame rprof_frame_type;
+struct rprof_sample_header rprof_sample_header_type;
+enum rprof_ec_access rprof_ec_access_type;
+enum rprof_sample_flags rprof_sample_flags_type;
+enum rprof_stat rprof_stat_type;
+
+struct walk_ctx {
+	struct scratch *s;
+	struct rprof_proc *p;
+	__u64 cfp;
+	__u64 win_lo;
+	__u64 win_hi;
+	__u64 hash;
+	__u32 n;
+	__u32 out;
+	__u32 failed;
+};
+
+static __always_inline void stat_inc(__u32 idx)
+{
+	__u64 *v = bpf_map_lookup_elem(&stats, &idx);
+
+	if (v)
+		__sync_fetch_and_add(v, 1);
+}
+
+static __always_inline __u64 mix(__u64 h, __u64 v)
+{
+	h ^= v;
+	h *= 0x9e3779b97f4a7c15ULL;
+	return h ^ (h >> 31);
+}
+
+static __always_inline __u64 finish_hash(__u64 h)
+{
+	h ^= h >> 33;
+	h *= 0xff51afd7ed558ccdULL;
+	h ^= h >> 33;
+	h *= 0xc4ceb9fe1a85ec53ULL;
+	return h ^ (h >> 33);
+}
+
+static __always_inline __u64 cfp_field(struct scratch *s, __u32 base, __u32 off)
+{
+	__u64 at = (__u64)base + (off & (RPROF_MAX_CFP_SIZE - 8));
+
+	if (at > CFP_BYTES + RPROF_MAX_CFP_SIZE - 8)
+		return 0;
+	asm volatile("" : "+r"(at));
+	/* 8-aligned and inside cfps (2 * CFP_BYTES) for the verifier. */
+	return *(__u64 *)(s->cfps + (at & (2 * CFP_BYTES - 8)));
+}
+
+/* ep[-2..0] (me_cref, specval, flags), from the copied value stack when it is there. */
+static __always_inline int read_env(struct walk_ctx *w, __u64 ep, __u64 env[3])
+{
+	__u64 lo = ep - 16;
+
+	if (lo >= w->win_lo && ep + 8 <= w->win_hi) {
+		__u64 off = lo - w->win_lo;
+
+		if (off > RPROF_VSTACK_WINDOW - 24)
+			return -1;
+		__builtin_memcpy(env, w->s->vstack + off, 24);
+		return 0;
+	}
+	return bpf_probe_read_user(env, 24, (void *)lo);
+}
+
+/* The method entry of a Ruby frame, found as Ruby's rb_vm_frame_method_entry does. */
+static __always_inline __u64 frame_method_entry(struct walk_ctx *w, __u64 ep)
+{
+	struct rprof_proc *p = w->p;
+	__u64 env[3];
+
+	for (int depth = 0; depth < RPROF_ENV_CHAIN_MAX; depth++) {
+		if (read_env(w, ep, env))
+			return 0;
+		if (env[2] & p->env_flag_local)
+			return env[0]; /* cme, or a cref userspace will reject */
+		if (env[0] && !(env[0] & 7)) {
+			__u64 flags = 0;
+
+			if (!bpf_probe_read_user(&flags, sizeof(flags), (void *)env[0]) &&
+			    (flags & p->imemo_ment_mask) == p->imemo_ment_value)
+				return env[0]; /* a block run as a method (define_method) */
+		}
+		ep = env[1] & ~3ULL;
+		if (!ep)
+			return 0;
+	}
+	return 0;
+}
+
+static long walk_frame(__u32 i, struct walk_ctx *w)
+{
+	struct scratch *s = w->s;
+	struct rprof_proc *p = w->p;
+	struct rprof_frame f = {};
+	__u32 slot, base;
+	__u64 iseq, pc, ep;
+
+	if (i >= w->n)
+		return 1;
+	slot = i % RPROF_CFP_CHUNK;
+	if (slot == 0 && i != 0) {
+		__u32 left = w->n - i;
+		__u32 size;
+
+		if (left > RPROF_CFP_CHUNK)
+			left = RPROF_CFP_CHUNK;
+		size = left * p->cfp_size;
+		if (bpf_probe_read_user(s->cfps, CLAMPED(size, CFP_BYTES),
+					(void *)(w->cfp + (__u64)i * p->cfp_size))) {
+			w->failed = 1;
+			return 1;
+		}
+	}
+	base = slot * p->cfp_size;
+	if (base > CFP_BYTES)
+		return 1;
+	pc = cfp_field(s, base, p->cfp_pc);
+	iseq = cfp_field(s, base, p->cfp_iseq);
+	ep = cfp_field(s, base, p->cfp_ep);
+
+	if (iseq) {
+		if (!pc)
+			return 0; /* no instruction yet: Ruby's backtraces skip these too */
+		f.iseq = iseq;
+		f.pc = pc;
+		f.cme = frame_method_entry(w, ep);
+	} else {
+		__u64 env[3];
+
+		if (read_env(w, ep, env))
+			return 0;
+		if ((env[2] & p->frame_magic_mask) != p->frame_magic_cfunc)
+			return 0; /* dummy frame at the base of a stack */
+		f.cme = env[0];
+	}
+	if (w->out >= RPROF_MAX_FRAMES)
+		return 1;
+	s->frames[w->out & (RPROF_MAX_FRAMES - 1)] = f;
+	w->out++;
+	w->hash = mix(mix(mix(w->hash, f.iseq), f.pc), f.cme);
+	return 0;
+}
+
+static __always_inline int read_ec(struct rprof_proc *p, __u64 tp, __u64 *ec)
+{
+	__u64 addr;
+
+	switch (p->ec_access) {
+	case RPROF_EC_GLOBAL:
+		addr = p->ec_addr;
+		break;
+	case RPROF_EC_TLS_TPOFF:
+		addr = tp + p->ec_addr;
+		break;
+	case RPROF_EC_TLS_DTV: {
+		__u64 dtv = 0, block = 0;
+
+		if (bpf_probe_read_user(&dtv, sizeof(dtv), (void *)(tp + 8)) || !dtv)
+			return -1;
+		if (bpf_probe_read_user(&block, sizeof(block),
+					(void *)(dtv + p->tls_module * p->dtv_entry_size)))
+			return -1;
+		if (!block || block == (__u64)-1) { /* TLS_DTV_UNALLOCATED: never touched here */
+			*ec = 0;
+			return 0;
+		}
+		addr = block + p->ec_addr;
+		break;
+	}
+	default:
+		return -1;
+	}
+	return bpf_probe_read_user(ec, sizeof(*ec), (void *)addr);
+}
+
+/* Does the EC's Ruby thread run on this native thread? (pthread_self() is the thread pointer.) */
+static __always_inline int ec_is_this_thread(struct rprof_proc *p, __u64 th, __u64 tp)
+{
+	__u64 nt = th, id = 0;
+
+	if (p->th_native_thread &&
+	    bpf_probe_read_user(&nt, sizeof(nt), (void *)(th + p->th_native_thread)))
+		return 0;
+	if (bpf_probe_read_user(&id, sizeof(id), (void *)(nt + p->th_native_id)))
+		return 0;
+	return id == tp;
+}
+
+static __always_inline void walk_stack(struct walk_ctx *w, __u64 ec, __u64 tp)
+{
+	struct rprof_proc *p = w->p;
+	struct scratch *s = w->s;
+	__u64 ecw[8] = {}, vm_stack, end, cfp, th, ep;
+	__u32 size;
+
+	if (bpf_probe_read_user(ecw, sizeof(ecw), (void *)ec)) {
+		s->hdr.flags |= RPROF_SAMPLE_READ_FAILED;
+		return;
+	}
+	vm_stack = ecw[(p->ec_vm_stack / 8) & 7];
+	end = vm_stack + ecw[(p->ec_vm_stack_size / 8) & 7] * 8;
+	cfp = ecw[(p->ec_cfp / 8) & 7];
+	th = ecw[(p->ec_thread_ptr / 8) & 7];
+	if (p->verify_thread && !ec_is_this_thread(p, th, tp)) {
+		s->hdr.flags |= RPROF_SAMPLE_FOREIGN_EC;
+		return;
+	}
+	/* The base frame is a dummy (the main thread's names a "<main>" that
+	 * never runs); Ruby's backtraces leave it out, and so do we. */
+	end -= p->cfp_size;
+	if (!p->cfp_size || cfp < vm_stack || cfp > end) {
+		s->hdr.flags |= RPROF_SAMPLE_READ_FAILED;
+		return;
+	}
+	if (cfp == end)
+		return; /* an EC with no frames yet */
+	w->cfp = cfp;
+	w->n = (end - cfp) / p->cfp_size;
+	if (w->n > RPROF_MAX_FRAMES) {
+		w->n = RPROF_MAX_FRAMES;
+		s->hdr.flags |= RPROF_SAMPLE_TRUNCATED;
+	}
+
+	size = (w->n < RPROF_CFP_CHUNK ? w->n : RPROF_CFP_CHUNK) * p->cfp_size;
+	if (bpf_probe_read_user(s->cfps, CLAMPED(size, CFP_BYTES), (void *)cfp)) {
+		s->hdr.flags |= RPROF_SAMPLE_READ_FAILED;
+		return;
+	}
+
+	/* Every env lies below the leaf frame's: copy that much of the value stack at once. */
+	ep = cfp_field(s, 0, p->cfp_ep);
+	if (ep >= vm_stack && ep < end) {
+		__u64 hi = ep + 8, lo = hi - RPROF_VSTACK_WINDOW;
+		__u64 len;
+
+		if (hi < RPROF_VSTACK_WINDOW || lo < vm_stack)
+			lo = vm_stack;
+		len = hi - lo;
+		if (len <= RPROF_VSTACK_WINDOW &&
+		    !bpf_probe_read_user(s->vstack, CLAMPED(len, RPROF_VSTACK_WINDOW), (void *)lo)) {
+			w->win_lo = lo;
+			w->win_hi = hi;
+		}
+	}
+
+	bpf_loop(RPROF_MAX_FRAMES, walk_frame, w, 0);
+	if (w->failed)
+		s->hdr.flags |= RPROF_SAMPLE_READ_FAILED;
+	if (s->hdr.flags & RPROF_SAMPLE_TRUNCATED)
+		stat_inc(RPROF_STAT_TRUNCATED);
+}
+
+static __always_inline long emit(struct scratch *s)
+{
+	__u64 size = sizeof(s->hdr) + (__u64)s->hdr.nframes * sizeof(struct rprof_frame);
+
+	if (size > sizeof(s->hdr) + sizeof(s->frames))
+		return -1;
+	asm volatile("" : "+r"(size));
+	if (size > sizeof(s->hdr) + sizeof(s->frames))
+		return -1;
+	return bpf_ringbuf_output(&samples, s, size, 0);
+}
+
+static __always_inline void count_stack(struct scratch *s)
+{
+	struct rprof_count_key key = { .hash = s->hdr.hash, .epoch = epoch };
+	struct rprof_stack_count *c, init = {};
+	long err;
+
+	c = bpf_map_lookup_elem(&counts, &key);
+	if (!c) {
+		err = bpf_map_update_elem(&counts, &key, &init, BPF_NOEXIST);
+		if (!err || err == -EEXIST)
+			c = bpf_map_lookup_elem(&counts, &key);
+	}
+	if (!c) {
+		/* The map is full: send this one event on its own. */
+		stat_inc(RPROF_STAT_AGG_FULL);
+		s->hdr.flags |= RPROF_SAMPLE_DIRECT;
+		if (emit(s))
+			stat_inc(RPROF_STAT_LOST);
+		return;
+	}
+	__sync_fetch_and_add(&c->count, 1);
+	/* If the ring buffer is full the count stays; a later event retries, and
+	 * userspace reports counts whose stack never arrived as lost. */
+	if (!c->emitted && !emit(s))
+		c->emitted = 1;
+}
+
+static __always_inline int on_event(__u32 event)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 tgid = id >> 32, tid = (__u32)id, slot;
+	struct rprof_proc *p;
+	struct scratch *s;
+	struct walk_ctx w = {};
+	struct task_struct *task;
+	__u64 tp, ec = 0;
+
+	p = bpf_map_lookup_elem(&procs, &tgid);
+	if (!p)
+		return 0;
+	stat_inc(RPROF_STAT_EVENTS);
+	slot = bpf_get_smp_processor_id() * 2 + (event ? 1 : 0);
+	s = bpf_map_lookup_elem(&scratch, &slot);
+	if (!s)
+		return 0;
+
+	s->hdr.pid = tgid;
+	s->hdr.tid = tid;
+	s->hdr.event = event;
+	s->hdr.flags = 0;
+	s->hdr.nframes = 0;
+	s->hdr.pad = 0;
+	bpf_get_current_comm(s->hdr.comm, sizeof(s->hdr.comm));
+
+	task = bpf_get_current_task_btf();
+	tp = BPF_CORE_READ(task, thread.fsbase);
+
+	w.s = s;
+	w.p = p;
+	if (read_ec(p, tp, &ec)) {
+		s->hdr.flags |= RPROF_SAMPLE_READ_FAILED;
+	} else if (!ec) {
+		s->hdr.flags |= RPROF_SAMPLE_NO_EC;
+		stat_inc(RPROF_STAT_NO_EC);
+	} else {
+		walk_stack(&w, ec, tp);
+	}
+	if (s->hdr.flags & RPROF_SAMPLE_READ_FAILED) {
+		stat_inc(RPROF_STAT_READ_FAILED);
+		w.out = 0; /* a partial stack would lie */
+		w.hash = 0;
+	}
+	if (s->hdr.flags & RPROF_SAMPLE_FOREIGN_EC)
+		stat_inc(RPROF_STAT_FOREIGN_EC);
+
+	s->hdr.nframes = w.out;
+	s->hdr.hash = finish_hash(mix(mix(mix(w.hash, ((__u64)tid << 32) | event), s->hdr.flags),
+				      w.out));
+	count_stack(s);
+	return 0;
+}
+
+SEC("perf_event")
+int on_cpu_sample(struct bpf_perf_event_data *ctx)
+{
+	return on_event(0);
+}
+
+/* Attached to each traced tracepoint with its 1-based index as the BPF cookie. */
+SEC("tracepoint")
+int on_tracepoint(void *ctx)
+{
+	return on_event((__u32)bpf_get_attach_cookie(ctx));
+}

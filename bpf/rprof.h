@@ -1,0 +1,117 @@
+/* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
+/*
+ * Every type shared between rprof's BPF program and its userspace, defined
+ * once. Rust uses the copies libbpf-cargo generates from this header's BTF
+ * (the skeleton's `types` module); nothing here is duplicated by hand.
+ */
+#ifndef RPROF_H
+#define RPROF_H
+
+/* Deepest stack kept; deeper stacks lose frames at the root end. */
+#define RPROF_MAX_FRAMES 4096
+/* Control frames copied from the target per read. */
+#define RPROF_CFP_CHUNK 32
+#define RPROF_MAX_CFP_SIZE 64
+/* Bytes of the VM value stack (where every frame's env lives) copied per sample. */
+#define RPROF_VSTACK_WINDOW (16 * 1024)
+/* Blocks nested this deep are followed to their method's env. */
+#define RPROF_ENV_CHAIN_MAX 8
+
+/* How the BPF program finds a thread's current execution context (EC). */
+enum rprof_ec_access {
+	/* ec = *(ec_addr): Ruby < 3.0, one global for the GVL holder. */
+	RPROF_EC_GLOBAL = 0,
+	/* ec = *(dtv[tls_module].val + ec_addr), dtv = *(tp + 8): dynamic TLS (PIC libruby). */
+	RPROF_EC_TLS_DTV = 1,
+	/* ec = *(tp + (s64)ec_addr): static TLS (initial or local exec). */
+	RPROF_EC_TLS_TPOFF = 2,
+};
+
+/* Per-process recipe, written by userspace into the `procs` map (key: tgid). */
+struct rprof_proc {
+	__u64 ec_addr;
+	__u64 tls_module;
+	__u32 ec_access;       /* enum rprof_ec_access */
+	__u32 dtv_entry_size;  /* 16 for glibc, 8 for musl */
+	/* rb_execution_context_t */
+	__u32 ec_vm_stack;
+	__u32 ec_vm_stack_size;
+	__u32 ec_cfp;
+	__u32 ec_thread_ptr;
+	/* rb_thread_t -> native pthread id, through an optional pointer hop */
+	__u32 th_native_thread;  /* offset of the native thread pointer; 0: none */
+	__u32 th_native_id;      /* offset of the pthread id */
+	__u32 verify_thread;     /* 1: drop ECs whose pthread id is not this thread's */
+	/* rb_control_frame_t */
+	__u32 cfp_size;
+	__u32 cfp_pc;
+	__u32 cfp_iseq;
+	__u32 cfp_ep;
+	__u32 pad;
+	/* env data at ep[-2..0] */
+	__u64 frame_magic_mask;
+	__u64 frame_magic_cfunc;
+	__u64 env_flag_local;
+	__u64 imemo_ment_mask;  /* applied to an object's flags ... */
+	__u64 imemo_ment_value; /* ... equals this for a method entry */
+};
+
+/*
+ * One Ruby frame as the VM knows it; userspace turns it into label/path/line.
+ * Ruby frame: iseq != 0, pc != 0, cme is the method entry (0 at top level).
+ * C frame:    iseq == 0, cme is the callable method entry of the C method.
+ */
+struct rprof_frame {
+	__u64 iseq;
+	__u64 pc;
+	__u64 cme;
+};
+
+enum rprof_sample_flags {
+	RPROF_SAMPLE_NO_EC = 1,        /* thread has no Ruby EC (native/timer thread) */
+	RPROF_SAMPLE_TRUNCATED = 2,    /* root-end frames cut at RPROF_MAX_FRAMES */
+	RPROF_SAMPLE_FOREIGN_EC = 4,   /* EC belongs to another thread (GVL holder) */
+	RPROF_SAMPLE_DIRECT = 8,       /* not aggregated in the kernel: count is 1 */
+	RPROF_SAMPLE_READ_FAILED = 16, /* the target's memory could not be read */
+};
+
+/* Header of a ring buffer record; `nframes` struct rprof_frame follow, leaf first. */
+struct rprof_sample_header {
+	__u64 hash;  /* identity of (tid, event, frames): key of the counts maps */
+	__u32 pid;
+	__u32 tid;
+	__u32 event; /* 0: cpu sample; n: the n-th traced tracepoint */
+	__u32 flags; /* enum rprof_sample_flags */
+	__u32 nframes;
+	__u32 pad;
+	char comm[16];
+};
+
+/*
+ * Key and value of the in-kernel `counts` map. Userspace bumps the global
+ * `epoch` to drain a closed epoch's entries while BPF fills the next one; the
+ * first event of a stack in each epoch sends the stack through the ring buffer.
+ */
+struct rprof_count_key {
+	__u64 hash;
+	__u64 epoch;
+};
+
+struct rprof_stack_count {
+	__u64 count;
+	__u64 emitted; /* the stack reached the ring buffer this epoch */
+};
+
+/* Indexes of the per-CPU `stats` array. */
+enum rprof_stat {
+	RPROF_STAT_EVENTS = 0,   /* events of target threads */
+	RPROF_STAT_LOST,         /* events whose stack the full ring buffer refused */
+	RPROF_STAT_READ_FAILED,  /* events whose EC or frames could not be read */
+	RPROF_STAT_TRUNCATED,    /* events with more than RPROF_MAX_FRAMES frames */
+	RPROF_STAT_NO_EC,        /* events of threads without a Ruby EC */
+	RPROF_STAT_FOREIGN_EC,   /* events whose EC belonged to another thread */
+	RPROF_STAT_AGG_FULL,     /* events sent directly because a counts map was full */
+	RPROF_STAT_MAX,
+};
+
+#endif /* RPROF_H */

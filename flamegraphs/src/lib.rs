@@ -1,0 +1,258 @@
+//! Renders profiles: stacks of frames with sample counts.
+//!
+//! The profiler builds a [`Profile`]; this crate turns it into an icicle or
+//! flame graph SVG (through inferno) or folded stacks. It knows nothing of Ruby
+//! or BPF, so it can be tested and reused on its own.
+//!
+//! ```
+//! use flamegraphs::{Frame, Profile, SvgOptions};
+//! let mut p = Profile::default();
+//! p.add(&[Frame::thread("main [42]"), Frame::code("Object#work", "/app/a.rb", 3)], 5);
+//! let mut folded = Vec::new();
+//! p.write_folded(&mut folded).unwrap();
+//! assert_eq!(String::from_utf8(folded).unwrap(), "main [42];Object#work (/app/a.rb:3) 5\n");
+//! let mut svg = Vec::new();
+//! p.write_svg(&mut svg, &SvgOptions::default()).unwrap();
+//! assert!(svg.starts_with(b"<?xml"));
+//! ```
+
+use std::collections::HashMap;
+use std::fmt;
+use std::io::{self, Write};
+
+use serde::{Deserialize, Serialize};
+
+/// What a frame stands for; decides nothing but how it is shown.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum FrameKind {
+    /// A thread, at the root of its stacks.
+    Thread,
+    /// Code with a source location (a Ruby method, block, ...).
+    Code,
+    /// A method implemented in C: no source line of its own.
+    Native,
+    /// The traced event itself (a system call), at the leaf.
+    Event,
+    /// Not code: `[truncated]`, `[unknown]`, `[GVL released]`...
+    Marker,
+}
+
+/// One frame of a stack.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Frame {
+    pub kind: FrameKind,
+    pub name: String,
+    pub file: Option<String>,
+    pub line: Option<u32>,
+}
+
+impl Frame {
+    pub fn thread(name: impl Into<String>) -> Self {
+        Self::named(FrameKind::Thread, name)
+    }
+    pub fn code(name: impl Into<String>, file: impl Into<String>, line: u32) -> Self {
+        Self {
+            kind: FrameKind::Code,
+            name: name.into(),
+            file: Some(file.into()),
+            line: Some(line),
+        }
+    }
+    pub fn native(name: impl Into<String>) -> Self {
+        Self::named(FrameKind::Native, name)
+    }
+    pub fn event(name: impl Into<String>) -> Self {
+        Self::named(FrameKind::Event, name)
+    }
+    pub fn marker(name: impl Into<String>) -> Self {
+        Self::named(FrameKind::Marker, name)
+    }
+    fn named(kind: FrameKind, name: impl Into<String>) -> Self {
+        Self {
+            kind,
+            name: name.into(),
+            file: None,
+            line: None,
+        }
+    }
+}
+
+impl fmt::Display for Frame {
+    /// `label (path:line)`, or the bare name for frames without a location.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (&self.file, self.line) {
+            (Some(file), Some(line)) => write!(f, "{} ({}:{})", self.name, file, line),
+            (Some(file), None) => write!(f, "{} ({})", self.name, file),
+            _ => write!(f, "{}", self.name),
+        }
+    }
+}
+
+/// Stacks (root first) with their sample counts. Frames are interned.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Profile {
+    frames: Vec<Frame>,
+    #[serde(skip)]
+    index: HashMap<Frame, u32>,
+    stacks: HashMap<Vec<u32>, u64>,
+}
+
+impl Profile {
+    /// Adds `count` samples of `stack`, given root first.
+    pub fn add(&mut self, stack: &[Frame], count: u64) {
+        if count == 0 {
+            return;
+        }
+        let ids: Vec<u32> = stack.iter().map(|f| self.intern(f)).collect();
+        *self.stacks.entry(ids).or_insert(0) += count;
+    }
+
+    fn intern(&mut self, frame: &Frame) -> u32 {
+        if let Some(&id) = self.index.get(frame) {
+            return id;
+        }
+        let id = self.frames.len() as u32;
+        self.frames.push(frame.clone());
+        self.index.insert(frame.clone(), id);
+        id
+    }
+
+    /// Total samples.
+    pub fn total(&self) -> u64 {
+        self.stacks.values().sum()
+    }
+
+    /// Every distinct stack, root first, with its count, in a stable order.
+    pub fn stacks(&self) -> Vec<(Vec<&Frame>, u64)> {
+        let mut out: Vec<(Vec<&Frame>, u64)> = self
+            .stacks
+            .iter()
+            .map(|(ids, &n)| (ids.iter().map(|&i| &self.frames[i as usize]).collect(), n))
+            .collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    }
+
+    /// One line per distinct stack: frames root first joined by `;`, a space, the count.
+    pub fn write_folded<W: Write>(&self, mut w: W) -> io::Result<()> {
+        for line in self.folded_lines() {
+            writeln!(w, "{line}")?;
+        }
+        Ok(())
+    }
+
+    fn folded_lines(&self) -> Vec<String> {
+        let mut lines: Vec<String> = self
+            .stacks()
+            .into_iter()
+            .map(|(frames, n)| {
+                let names: Vec<String> = frames.iter().map(|f| folded_name(f)).collect();
+                format!("{} {}", names.join(";"), n)
+            })
+            .collect();
+        lines.sort();
+        lines
+    }
+
+    /// An interactive SVG flame graph (icicle: root at the top, by default).
+    pub fn write_svg<W: Write>(&self, w: W, options: &SvgOptions) -> Result<(), RenderError> {
+        let lines = self.folded_lines();
+        let mut opts = inferno::flamegraph::Options::default();
+        opts.title = options.title.clone();
+        if let Some(subtitle) = &options.subtitle {
+            opts.subtitle = Some(subtitle.clone());
+        }
+        opts.count_name = options.count_name.clone();
+        opts.direction = if options.icicle {
+            inferno::flamegraph::Direction::Inverted
+        } else {
+            inferno::flamegraph::Direction::Straight
+        };
+        opts.hash = true;
+        opts.colors = inferno::flamegraph::color::Palette::Basic(
+            inferno::flamegraph::color::BasicPalette::Hot,
+        );
+        if lines.is_empty() {
+            // inferno refuses an empty profile; say so in the picture instead.
+            opts.subtitle = Some("no samples were recorded".to_string());
+            let placeholder = ["[no samples] 1".to_string()];
+            return inferno::flamegraph::from_lines(&mut opts, placeholder.iter().map(|s| s.as_str()), w)
+                .map_err(RenderError::Svg);
+        }
+        inferno::flamegraph::from_lines(&mut opts, lines.iter().map(|s| s.as_str()), w)
+            .map_err(RenderError::Svg)
+    }
+}
+
+/// A frame as one folded-stack field: `;` separates frames and the last space
+/// separates the count, so neither may appear unescaped inside a name.
+fn folded_name(frame: &Frame) -> String {
+    frame.to_string().replace(';', ":").replace('\n', " ")
+}
+
+/// How an SVG is drawn.
+#[derive(Debug, Clone)]
+pub struct SvgOptions {
+    pub title: String,
+    pub subtitle: Option<String>,
+    pub count_name: String,
+    /// Root at the top (icicle graph) rather than at the bottom.
+    pub icicle: bool,
+}
+
+impl Default for SvgOptions {
+    fn default() -> Self {
+        Self {
+            title: "rprof".to_string(),
+            subtitle: None,
+            count_name: "samples".to_string(),
+            icicle: true,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RenderError {
+    #[error("rendering the flame graph: {0}")]
+    Svg(#[source] io::Error),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Profile {
+        let mut p = Profile::default();
+        let t = Frame::thread("worker [7]");
+        p.add(&[t.clone(), Frame::code("a", "x.rb", 1), Frame::native("Integer#times")], 3);
+        p.add(&[t.clone(), Frame::code("a", "x.rb", 1), Frame::native("Integer#times")], 2);
+        p.add(&[t, Frame::code("b;c", "x.rb", 9)], 1);
+        p
+    }
+
+    #[test]
+    fn folded_merges_equal_stacks_and_escapes_separators() {
+        let mut out = Vec::new();
+        sample().write_folded(&mut out).expect("write");
+        let text = String::from_utf8(out).expect("utf8");
+        assert_eq!(
+            text,
+            "worker [7];a (x.rb:1);Integer#times 5\nworker [7];b:c (x.rb:9) 1\n"
+        );
+        assert_eq!(sample().total(), 6);
+    }
+
+    #[test]
+    fn svg_is_an_icicle_by_default_and_survives_no_samples() {
+        let mut out = Vec::new();
+        sample().write_svg(&mut out, &SvgOptions::default()).expect("svg");
+        let svg = String::from_utf8(out).expect("utf8");
+        assert!(svg.contains("Integer#times"));
+        assert!(svg.contains("inverted"), "icicle graphs are inferno's inverted direction");
+        let mut out = Vec::new();
+        Profile::default()
+            .write_svg(&mut out, &SvgOptions::default())
+            .expect("empty svg");
+        assert!(String::from_utf8(out).expect("utf8").contains("no samples"));
+    }
+}

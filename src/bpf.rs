@@ -1,0 +1,355 @@
+//! The only module that touches libbpf-rs: loads rprof's BPF program, gives
+//! it the recipe of each target process, attaches it to events, and reads
+//! back stacks (ring buffer), counts (the `counts` map) and statistics.
+
+use std::cell::RefCell;
+use std::collections::VecDeque;
+use std::mem::{size_of, MaybeUninit};
+use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
+use std::rc::Rc;
+use std::time::Duration;
+
+use anyhow::{anyhow, Context, Result};
+use libbpf_rs::skel::{OpenSkel, SkelBuilder};
+use libbpf_rs::{Link, MapCore, MapFlags, RingBuffer, RingBufferBuilder, TracepointCategory, TracepointOpts};
+
+#[allow(clippy::all, clippy::pedantic, non_camel_case_types, dead_code)]
+mod skel {
+    include!(concat!(env!("OUT_DIR"), "/rprof.skel.rs"));
+}
+
+use skel::{RprofSkel, RprofSkelBuilder};
+/// The Rust types libbpf-cargo generated from bpf/rprof.h.
+pub use skel::types;
+
+// SAFETY: plain C structs of integers, as generated from the BPF header; any
+// bit pattern is a valid value.
+unsafe impl plain::Plain for types::rprof_proc {}
+unsafe impl plain::Plain for types::rprof_sample_header {}
+unsafe impl plain::Plain for types::rprof_frame {}
+unsafe impl plain::Plain for types::rprof_count_key {}
+unsafe impl plain::Plain for types::rprof_stack_count {}
+
+/// One stack record sent by the BPF program.
+#[derive(Debug, Clone)]
+pub struct Sample {
+    pub header: types::rprof_sample_header,
+    /// Leaf first.
+    pub frames: Vec<types::rprof_frame>,
+}
+
+impl Sample {
+    pub fn has(&self, flag: types::rprof_sample_flags) -> bool {
+        self.header.flags & flag.0 != 0
+    }
+}
+
+/// The BPF program's per-event counters, summed over CPUs.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Stats {
+    pub events: u64,
+    pub lost: u64,
+    pub read_failed: u64,
+    pub truncated: u64,
+    pub no_ec: u64,
+    pub foreign_ec: u64,
+    pub agg_full: u64,
+}
+
+pub struct Probe {
+    skel: &'static RprofSkel<'static>,
+    ring: RingBuffer<'static>,
+    queue: Rc<RefCell<VecDeque<Vec<u8>>>>,
+    links: Vec<Link>,
+    epoch: u64,
+}
+
+/// Ring buffer size: room for a few hundred deep stacks between two polls.
+const RING_BYTES: u32 = 32 << 20;
+
+impl Probe {
+    /// Loads the BPF program (not yet attached to anything).
+    pub fn load() -> Result<Self> {
+        // libbpf's own messages (the verifier log) only with RPROF_DEBUG=1.
+        if std::env::var_os("RPROF_DEBUG").is_none() {
+            libbpf_rs::set_print(None);
+        }
+        // The skeleton lives as long as rprof does; leaking it gives the ring
+        // buffer and links the 'static borrows libbpf-rs asks for.
+        let open_object = Box::leak(Box::new(MaybeUninit::uninit()));
+        let mut open = RprofSkelBuilder::default()
+            .open(open_object)
+            .context("opening the BPF object")?;
+        let cpus = libbpf_rs::num_possible_cpus().context("counting CPUs")? as u32;
+        open.maps
+            .scratch
+            .set_max_entries(cpus * 2)
+            .context("sizing the scratch map")?;
+        open.maps
+            .samples
+            .set_max_entries(RING_BYTES)
+            .context("sizing the ring buffer")?;
+        let skel: &'static RprofSkel<'static> = Box::leak(Box::new(
+            open
+                .load()
+                .context("loading the BPF program into the kernel (RPROF_DEBUG=1 shows libbpf's log)")?,
+        ));
+        let queue = Rc::new(RefCell::new(VecDeque::new()));
+        let sink = Rc::clone(&queue);
+        let mut builder = RingBufferBuilder::new();
+        builder
+            .add(&skel.maps.samples, move |data: &[u8]| {
+                sink.borrow_mut().push_back(data.to_vec());
+                0
+            })
+            .context("setting up the ring buffer")?;
+        let ring = builder.build().context("setting up the ring buffer")?;
+        Ok(Self {
+            skel,
+            ring,
+            queue,
+            links: Vec::new(),
+            epoch: 0,
+        })
+    }
+
+    /// Starts tracing the threads of process `pid` with this recipe.
+    pub fn add_process(&mut self, pid: u32, recipe: &types::rprof_proc) -> Result<()> {
+        // SAFETY: rprof_proc is Plain.
+        let value = unsafe { plain::as_bytes(recipe) };
+        self.skel
+            .maps
+            .procs
+            .update(&pid.to_ne_bytes(), value, MapFlags::ANY)
+            .with_context(|| format!("registering process {pid} with the BPF program"))
+    }
+
+    pub fn remove_process(&mut self, pid: u32) {
+        let _ = self.skel.maps.procs.delete(&pid.to_ne_bytes());
+    }
+
+    /// Samples every online CPU `frequency` times a second (cpu-clock).
+    pub fn attach_cpu_clock(&mut self, frequency: u64) -> Result<()> {
+        let period_ns = (1_000_000_000 / frequency.max(1)).max(1);
+        for cpu in online_cpus()? {
+            // SAFETY: perf_event_attr is a plain C struct; all-zero is its default.
+            let mut attr: libbpf_sys::perf_event_attr = unsafe { std::mem::zeroed() };
+            attr.type_ = libbpf_sys::PERF_TYPE_SOFTWARE;
+            attr.size = size_of::<libbpf_sys::perf_event_attr>() as u32;
+            attr.config = libbpf_sys::PERF_COUNT_SW_CPU_CLOCK as u64;
+            // A fixed period, not a frequency: the kernel's perf_event_max_sample_rate
+            // caps frequencies, and a period is exactly what the user asked for.
+            attr.__bindgen_anon_1.sample_period = period_ns;
+            // SAFETY: attr is initialised and outlives the call.
+            let fd = unsafe {
+                libc::syscall(
+                    libc::SYS_perf_event_open,
+                    &attr as *const libbpf_sys::perf_event_attr,
+                    -1 as libc::pid_t,
+                    cpu as libc::c_int,
+                    -1 as libc::c_int,
+                    libbpf_sys::PERF_FLAG_FD_CLOEXEC as libc::c_ulong,
+                )
+            };
+            if fd < 0 {
+                let err = std::io::Error::last_os_error();
+                if err.raw_os_error() == Some(libc::ENODEV) {
+                    continue; // CPU went offline meanwhile
+                }
+                return Err(anyhow!(err)).with_context(|| format!("opening a cpu-clock perf event on CPU {cpu}"));
+            }
+            // SAFETY: perf_event_open returned a new descriptor that we own.
+            let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+            let link = self
+                .skel
+                .progs
+                .on_cpu_sample
+                .attach_perf_event(fd.as_raw_fd())
+                .with_context(|| format!("attaching to the perf event of CPU {cpu}"))?;
+            // The link owns the perf event now and closes it when dropped.
+            let _ = fd.into_raw_fd();
+            self.links.push(link);
+        }
+        if self.links.is_empty() {
+            return Err(anyhow!("no online CPU accepted a perf event"));
+        }
+        Ok(())
+    }
+
+    /// Traces tracepoint `category:name`; its events carry `cookie` (1-based).
+    pub fn attach_tracepoint(&mut self, category: &str, name: &str, cookie: u32) -> Result<()> {
+        let opts = TracepointOpts {
+            cookie: cookie as u64,
+            ..Default::default()
+        };
+        let link = self
+            .skel
+            .progs
+            .on_tracepoint
+            .attach_tracepoint_with_opts(TracepointCategory::Custom(category.to_string()), name, opts)
+            .with_context(|| format!("attaching to tracepoint {category}:{name}"))?;
+        self.links.push(link);
+        Ok(())
+    }
+
+    /// Waits up to `timeout` for stack records and hands each to `f`.
+    pub fn poll(&mut self, timeout: Duration, mut f: impl FnMut(Sample)) -> Result<()> {
+        self.ring.poll(timeout).context("polling the ring buffer")?;
+        self.drain_queue(&mut f);
+        Ok(())
+    }
+
+    fn drain_queue(&mut self, f: &mut impl FnMut(Sample)) {
+        loop {
+            let next = self.queue.borrow_mut().pop_front();
+            let Some(data) = next else { break };
+            if let Some(sample) = parse_sample(&data) {
+                f(sample);
+            }
+        }
+    }
+
+    /// Closes the current counting epoch: the BPF program moves on to a new
+    /// one, every stack record of the old one is handed to `on_sample`, then
+    /// every (hash, count) of the old one to `on_count`, and removed.
+    pub fn close_epoch(
+        &mut self,
+        mut on_sample: impl FnMut(Sample),
+        mut on_count: impl FnMut(u64, u64),
+    ) -> Result<()> {
+        let closed = self.epoch;
+        self.epoch += 1;
+        self.write_epoch()?;
+        // A BPF program that read the old epoch finishes within microseconds.
+        std::thread::sleep(Duration::from_millis(2));
+        self.ring.consume().context("reading the ring buffer")?;
+        self.drain_queue(&mut on_sample);
+
+        let map = &self.skel.maps.counts;
+        let keys: Vec<Vec<u8>> = map.keys().collect();
+        for key_bytes in keys {
+            let mut key = types::rprof_count_key::default();
+            if plain::copy_from_bytes(&mut key, &key_bytes).is_err() || key.epoch > closed {
+                continue;
+            }
+            if let Some(value) = map.lookup(&key_bytes, MapFlags::ANY).context("reading a stack count")? {
+                let mut count = types::rprof_stack_count::default();
+                if plain::copy_from_bytes(&mut count, &value).is_ok() {
+                    on_count(key.hash, count.count);
+                }
+            }
+            let _ = map.delete(&key_bytes);
+        }
+        Ok(())
+    }
+
+    fn write_epoch(&self) -> Result<()> {
+        // Rewriting the whole .bss is fine: `epoch` is its only live variable.
+        let mut bss: types::bss = unsafe { std::mem::zeroed() };
+        bss.epoch = self.epoch;
+        // SAFETY: `bss` is a plain C struct generated from the BPF object.
+        let bytes = unsafe {
+            std::slice::from_raw_parts((&bss as *const types::bss).cast::<u8>(), size_of::<types::bss>())
+        };
+        // The Rust struct may carry tail padding the section does not have.
+        let len = (self.skel.maps.bss.value_size() as usize).min(bytes.len());
+        self.skel
+            .maps
+            .bss
+            .update(&0u32.to_ne_bytes(), &bytes[..len], MapFlags::ANY)
+            .context("advancing the counts epoch")
+    }
+
+    pub fn stats(&self) -> Result<Stats> {
+        let read = |stat: types::rprof_stat| -> Result<u64> {
+            let per_cpu = self
+                .skel
+                .maps
+                .stats
+                .lookup_percpu(&stat.0.to_ne_bytes(), MapFlags::ANY)
+                .context("reading BPF statistics")?
+                .unwrap_or_default();
+            Ok(per_cpu
+                .iter()
+                .filter_map(|v| v.get(..8).map(|b| u64::from_ne_bytes(b.try_into().unwrap_or([0; 8]))))
+                .sum())
+        };
+        Ok(Stats {
+            events: read(types::rprof_stat::RPROF_STAT_EVENTS)?,
+            lost: read(types::rprof_stat::RPROF_STAT_LOST)?,
+            read_failed: read(types::rprof_stat::RPROF_STAT_READ_FAILED)?,
+            truncated: read(types::rprof_stat::RPROF_STAT_TRUNCATED)?,
+            no_ec: read(types::rprof_stat::RPROF_STAT_NO_EC)?,
+            foreign_ec: read(types::rprof_stat::RPROF_STAT_FOREIGN_EC)?,
+            agg_full: read(types::rprof_stat::RPROF_STAT_AGG_FULL)?,
+        })
+    }
+
+    /// Detaches from every event; what was collected can still be read.
+    pub fn detach(&mut self) {
+        self.links.clear();
+    }
+}
+
+fn parse_sample(data: &[u8]) -> Option<Sample> {
+    let mut header = types::rprof_sample_header::default();
+    plain::copy_from_bytes(&mut header, data).ok()?;
+    let mut frames = Vec::with_capacity(header.nframes as usize);
+    let mut rest = data.get(size_of::<types::rprof_sample_header>()..)?;
+    for _ in 0..header.nframes {
+        let mut frame = types::rprof_frame::default();
+        plain::copy_from_bytes(&mut frame, rest).ok()?;
+        frames.push(frame);
+        rest = rest.get(size_of::<types::rprof_frame>()..)?;
+    }
+    Some(Sample { header, frames })
+}
+
+/// The online CPUs, from /sys/devices/system/cpu/online ("0-3,5").
+fn online_cpus() -> Result<Vec<u32>> {
+    let text = std::fs::read_to_string("/sys/devices/system/cpu/online").context("reading the online CPUs")?;
+    parse_cpu_list(&text).ok_or_else(|| anyhow!("unreadable CPU list {text:?}"))
+}
+
+fn parse_cpu_list(text: &str) -> Option<Vec<u32>> {
+    let mut cpus = Vec::new();
+    for part in text.trim().split(',').filter(|p| !p.is_empty()) {
+        match part.split_once('-') {
+            Some((a, b)) => cpus.extend(a.parse::<u32>().ok()?..=b.parse::<u32>().ok()?),
+            None => cpus.push(part.parse().ok()?),
+        }
+    }
+    Some(cpus)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_lists() {
+        assert_eq!(parse_cpu_list("0-3,5\n"), Some(vec![0, 1, 2, 3, 5]));
+        assert_eq!(parse_cpu_list("0"), Some(vec![0]));
+        assert_eq!(parse_cpu_list("x"), None);
+    }
+
+    #[test]
+    fn records_parse_header_then_frames() {
+        let header = types::rprof_sample_header {
+            hash: 7,
+            tid: 9,
+            nframes: 2,
+            ..Default::default()
+        };
+        let mut data = unsafe { plain::as_bytes(&header) }.to_vec();
+        for i in 1..=2u64 {
+            let f = types::rprof_frame { iseq: i, pc: i * 8, cme: 0 };
+            data.extend_from_slice(unsafe { plain::as_bytes(&f) });
+        }
+        let s = parse_sample(&data).expect("parses");
+        assert_eq!(s.header.tid, 9);
+        assert_eq!(s.frames.len(), 2);
+        assert_eq!(s.frames[1].pc, 16);
+        assert!(parse_sample(&data[..data.len() - 1]).is_none(), "a cut record is refused");
+    }
+}

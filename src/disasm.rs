@@ -1,0 +1,139 @@
+//! Reading x86-64 machine code of exported Ruby functions to find variables
+//! the library hides (`ruby_current_ec`, `ruby_global_symbols` on Ruby 3.3+).
+
+use iced_x86::{Code, Decoder, DecoderOptions, FlowControl, Instruction, Mnemonic, OpKind, Register};
+
+/// How a function reaches a thread-local variable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TlsAccess {
+    /// General dynamic: `lea tls_index(%rip),%rdi; call __tls_get_addr`.
+    GeneralDynamic { tls_index: u64 },
+    /// Initial exec: `mov got(%rip),%reg; mov %fs:(%reg),...`; the GOT slot holds the TP offset.
+    InitialExec { got: u64 },
+    /// Local exec: `mov %fs:offset,...`.
+    LocalExec { tp_offset: i64 },
+}
+
+fn decode(code: &[u8], ip: u64, max: usize) -> Vec<Instruction> {
+    let mut decoder = Decoder::with_ip(64, code, ip, DecoderOptions::NONE);
+    let mut out = Vec::new();
+    while decoder.can_decode() && out.len() < max {
+        let insn = decoder.decode();
+        if insn.is_invalid() {
+            break;
+        }
+        let stop = matches!(insn.flow_control(), FlowControl::Return);
+        out.push(insn);
+        if stop {
+            break;
+        }
+    }
+    out
+}
+
+/// The first thread-local access in `code` (a function at address `ip`).
+pub fn first_tls_access(code: &[u8], ip: u64) -> Option<TlsAccess> {
+    let insns = decode(code, ip, 64);
+    for (i, insn) in insns.iter().enumerate() {
+        let next = insns.get(i + 1);
+        if insn.mnemonic() == Mnemonic::Lea
+            && insn.is_ip_rel_memory_operand()
+            && insn.op0_register() == Register::RDI
+            && next.is_some_and(|n| n.flow_control() == FlowControl::Call)
+        {
+            return Some(TlsAccess::GeneralDynamic {
+                tls_index: insn.ip_rel_memory_address(),
+            });
+        }
+        if insn.mnemonic() == Mnemonic::Mov && insn.is_ip_rel_memory_operand() && insn.op0_kind() == OpKind::Register {
+            let reg = insn.op0_register();
+            if next.is_some_and(|n| n.segment_prefix() == Register::FS && n.memory_base() == reg) {
+                return Some(TlsAccess::InitialExec {
+                    got: insn.ip_rel_memory_address(),
+                });
+            }
+        }
+        if insn.segment_prefix() == Register::FS
+            && insn.memory_base() == Register::None
+            && insn.memory_index() == Register::None
+            && insn.mnemonic() == Mnemonic::Mov
+        {
+            let disp = insn.memory_displacement64() as i64;
+            // %fs:0x28 is the stack protector canary, not a variable.
+            if disp != 0x28 {
+                return Some(TlsAccess::LocalExec { tp_offset: disp });
+            }
+        }
+    }
+    None
+}
+
+/// Addresses of every RIP-relative data operand in `code` (not branches).
+pub fn rip_relative_data(code: &[u8], ip: u64, max: usize) -> Vec<u64> {
+    decode(code, ip, max)
+        .iter()
+        .filter(|i| i.is_ip_rel_memory_operand() && i.mnemonic() != Mnemonic::Lea && i.code() != Code::Nopd)
+        .map(|i| i.ip_rel_memory_address())
+        .collect()
+}
+
+/// Targets of direct calls and jumps in `code`, in order.
+pub fn branch_targets(code: &[u8], ip: u64, max: usize) -> Vec<u64> {
+    decode(code, ip, max)
+        .iter()
+        .filter(|i| {
+            matches!(
+                i.flow_control(),
+                FlowControl::Call | FlowControl::UnconditionalBranch | FlowControl::ConditionalBranch
+            ) && matches!(i.op0_kind(), OpKind::NearBranch64)
+        })
+        .map(|i| i.near_branch_target())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn general_dynamic_sequence() {
+        // data16 lea 0x1000(%rip),%rdi; data16 data16 rex.W call *; mov (%rax),%rax
+        let code = [
+            0x66, 0x48, 0x8d, 0x3d, 0x00, 0x10, 0x00, 0x00, // lea
+            0x66, 0x66, 0x48, 0xe8, 0x00, 0x00, 0x00, 0x00, // call
+            0x48, 0x8b, 0x00, 0xc3,
+        ];
+        assert_eq!(
+            first_tls_access(&code, 0x4000),
+            Some(TlsAccess::GeneralDynamic { tls_index: 0x4000 + 8 + 0x1000 })
+        );
+    }
+
+    #[test]
+    fn local_exec_skips_the_stack_canary() {
+        // mov %fs:0x28,%rax; mov %fs:0xfffffffffffffff8,%rax; ret
+        let code = [
+            0x64, 0x48, 0x8b, 0x04, 0x25, 0x28, 0x00, 0x00, 0x00, //
+            0x64, 0x48, 0x8b, 0x04, 0x25, 0xf8, 0xff, 0xff, 0xff, 0xc3,
+        ];
+        assert_eq!(first_tls_access(&code, 0), Some(TlsAccess::LocalExec { tp_offset: -8 }));
+    }
+
+    #[test]
+    fn initial_exec_sequence() {
+        // mov 0x200(%rip),%rax; mov %fs:(%rax),%rax; ret
+        let code = [0x48, 0x8b, 0x05, 0x00, 0x02, 0x00, 0x00, 0x64, 0x48, 0x8b, 0x00, 0xc3];
+        assert_eq!(
+            first_tls_access(&code, 0x100),
+            Some(TlsAccess::InitialExec { got: 0x100 + 7 + 0x200 })
+        );
+    }
+
+    #[test]
+    fn data_references_and_branches() {
+        // cmp %edi,0x10(%rip); jmp +0; ret
+        let code = [0x39, 0x3d, 0x10, 0x00, 0x00, 0x00, 0xe9, 0x00, 0x00, 0x00, 0x00, 0xc3];
+        assert_eq!(rip_relative_data(&code, 0, 8), vec![6 + 0x10]);
+        assert_eq!(branch_targets(&code, 0, 8), vec![11]);
+    }
+}

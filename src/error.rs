@@ -1,0 +1,39 @@
+//! Errors the user can fix, each with what to do about it.
+
+use ruby_structs::LayoutError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum UserError {
+    #[error("no process with PID {pid}: check the PID (ps -e | grep ruby)")]
+    NoSuchProcess { pid: u32 },
+
+    #[error("process {pid} ({exe}) is not a Ruby process: no mapped file defines ruby_version; point -p at a ruby process")]
+    NotRuby { pid: u32, exe: String },
+
+    #[error("{0}")]
+    UnsupportedVersion(#[from] LayoutError),
+
+    #[error("--force-version {given:?} is not a Ruby version: give one like 3.3")]
+    BadForcedVersion { given: String },
+
+    #[error("rprof needs {missing} to load BPF programs and open perf events: run it as root (sudo rprof ...) or grant {missing}")]
+    MissingPrivileges { missing: String },
+
+    #[error("this kernel exposes no BTF (/sys/kernel/btf/vmlinux is missing): rprof needs a kernel built with CONFIG_DEBUG_INFO_BTF=y (5.8 or newer)")]
+    BtfMissing,
+
+    #[error("tracefs is not mounted, so syscall tracepoints cannot be found: run `mount -t tracefs nodev /sys/kernel/tracing`")]
+    TracefsMissing,
+
+    #[error("unknown system call tracepoint {name:?}{hint}; `rprof record syscall --list` lists them all")]
+    UnknownSyscall { name: String, hint: String },
+
+    #[error("-F/--frequency must be between 1 and {max} samples per second, not {given}")]
+    BadFrequency { given: u64, max: u64 },
+
+    #[error("process {pid} exited before rprof could attach to it")]
+    TargetGone { pid: u32 },
+
+    #[error("cannot read the memory of process {pid}: {why}; rprof needs CAP_SYS_PTRACE (root) to read other users' processes")]
+    CannotReadMemory { pid: u32, why: String },
+}

@@ -1,0 +1,170 @@
+//! A target process as /proc shows it: its memory mappings, its threads, and
+//! reads of its memory. Reads never stop or change the process.
+
+use std::fs;
+use std::io;
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+
+use crate::error::UserError;
+
+/// One line of /proc/PID/maps.
+#[derive(Debug, Clone)]
+pub struct Mapping {
+    pub start: u64,
+    pub end: u64,
+    pub offset: u64,
+    pub perms: String,
+    pub path: String,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct Process {
+    pub pid: u32,
+}
+
+impl Process {
+    /// The process, if it exists.
+    pub fn open(pid: u32) -> Result<Self, UserError> {
+        if pid == 0 || !PathBuf::from(format!("/proc/{pid}")).exists() {
+            return Err(UserError::NoSuchProcess { pid });
+        }
+        Ok(Self { pid })
+    }
+
+    pub fn is_alive(&self) -> bool {
+        // A zombie keeps its /proc entry but has no memory left to read.
+        match fs::read_to_string(format!("/proc/{}/stat", self.pid)) {
+            Ok(stat) => !stat
+                .rsplit_once(')')
+                .is_some_and(|(_, rest)| rest.trim_start().starts_with(['Z', 'X'])),
+            Err(_) => false,
+        }
+    }
+
+    pub fn maps(&self) -> Result<Vec<Mapping>> {
+        let text = fs::read_to_string(format!("/proc/{}/maps", self.pid))
+            .with_context(|| format!("reading /proc/{}/maps", self.pid))?;
+        Ok(text.lines().filter_map(parse_maps_line).collect())
+    }
+
+    /// A path of the target's as seen from here: through /proc/PID/root, so
+    /// files of a process in another mount namespace (a container, a chroot)
+    /// are the target's files, not ours.
+    pub fn host_path(&self, path: &str) -> PathBuf {
+        PathBuf::from(format!("/proc/{}/root{}", self.pid, path))
+    }
+
+    /// The command name of one of the target's threads.
+    pub fn thread_name(&self, tid: u32) -> Option<String> {
+        fs::read_to_string(format!("/proc/{}/task/{}/comm", self.pid, tid))
+            .ok()
+            .map(|s| s.trim_end().to_string())
+    }
+
+    pub fn exe_name(&self) -> String {
+        fs::read_to_string(format!("/proc/{}/comm", self.pid))
+            .map(|s| s.trim_end().to_string())
+            .unwrap_or_else(|_| "?".to_string())
+    }
+
+    /// Reads `buf.len()` bytes at `addr` of the target's memory.
+    pub fn read(&self, addr: u64, buf: &mut [u8]) -> io::Result<()> {
+        if buf.is_empty() {
+            return Ok(());
+        }
+        let local = libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: buf.len(),
+        };
+        let remote = libc::iovec {
+            iov_base: addr as *mut libc::c_void,
+            iov_len: buf.len(),
+        };
+        // SAFETY: both iovecs describe valid ranges: `local` is our own buffer,
+        // and the kernel checks `remote` against the target's address space.
+        let n = unsafe { libc::process_vm_readv(self.pid as libc::pid_t, &local, 1, &remote, 1, 0) };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if n as usize != buf.len() {
+            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "short read of target memory"));
+        }
+        Ok(())
+    }
+
+    pub fn read_u64(&self, addr: u64) -> io::Result<u64> {
+        let mut b = [0u8; 8];
+        self.read(addr, &mut b)?;
+        Ok(u64::from_le_bytes(b))
+    }
+
+    pub fn read_u32(&self, addr: u64) -> io::Result<u32> {
+        let mut b = [0u8; 4];
+        self.read(addr, &mut b)?;
+        Ok(u32::from_le_bytes(b))
+    }
+
+    /// A NUL-terminated string of at most `max` bytes.
+    pub fn read_cstr(&self, addr: u64, max: usize) -> io::Result<String> {
+        let mut buf = vec![0u8; max];
+        // The string may end near the end of a mapping: shrink until it reads.
+        let mut len = max;
+        loop {
+            match self.read(addr, &mut buf[..len]) {
+                Ok(()) => break,
+                Err(_) if len > 16 => len /= 2,
+                Err(e) => return Err(e),
+            }
+        }
+        let end = buf[..len].iter().position(|&b| b == 0).unwrap_or(len);
+        Ok(String::from_utf8_lossy(&buf[..end]).into_owned())
+    }
+}
+
+fn parse_maps_line(line: &str) -> Option<Mapping> {
+    let mut it = line.splitn(6, ' ');
+    let range = it.next()?;
+    let perms = it.next()?.to_string();
+    let offset = u64::from_str_radix(it.next()?, 16).ok()?;
+    let _dev = it.next()?;
+    let _inode = it.next()?;
+    let path = it.next().unwrap_or("").trim_start().to_string();
+    let (start, end) = range.split_once('-')?;
+    Some(Mapping {
+        start: u64::from_str_radix(start, 16).ok()?,
+        end: u64::from_str_radix(end, 16).ok()?,
+        offset,
+        perms,
+        path,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_maps_lines_with_and_without_paths() {
+        let m = parse_maps_line(
+            "7f1c2a400000-7f1c2a433000 r--p 00033000 fe:01 1234   /usr/lib/x86_64-linux-gnu/libruby-3.1.so.3.1",
+        )
+        .expect("parses");
+        assert_eq!(m.start, 0x7f1c2a400000);
+        assert_eq!(m.offset, 0x33000);
+        assert_eq!(m.path, "/usr/lib/x86_64-linux-gnu/libruby-3.1.so.3.1");
+        let anon = parse_maps_line("7ffd1000-7ffd2000 rw-p 00000000 00:00 0 ").expect("parses");
+        assert_eq!(anon.path, "");
+    }
+
+    #[test]
+    fn reads_our_own_memory() {
+        let me = Process::open(std::process::id()).expect("we exist");
+        let value: u64 = 0x1234_5678_9abc_def0;
+        let got = me.read_u64(&value as *const u64 as u64).expect("readable");
+        assert_eq!(got, value);
+        assert!(me.is_alive());
+        assert!(matches!(Process::open(0), Err(UserError::NoSuchProcess { .. })));
+    }
+}

@@ -1,0 +1,373 @@
+//! The recording loop: attach to a Ruby process, collect stacks until the
+//! duration ends, Ctrl-C, or the target exits, and always write what was
+//! collected, with counts of what was lost or failed.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use flamegraphs::{Frame, Profile, SvgOptions};
+use serde::{Deserialize, Serialize};
+
+use crate::bpf::{types, Probe, Sample, Stats};
+use crate::cli::Format;
+use crate::error::UserError;
+use crate::resolve::Resolver;
+use crate::system;
+use crate::target::RubyTarget;
+
+/// Highest sampling frequency accepted.
+pub const MAX_FREQUENCY: u64 = 100_000;
+/// How often the in-kernel counts are collected (and caches refreshed).
+const EPOCH: Duration = Duration::from_millis(500);
+const POLL: Duration = Duration::from_millis(50);
+
+pub enum Target {
+    Pid(u32),
+    Command(Vec<String>),
+}
+
+pub enum EventSpec {
+    Cpu { frequency: u64 },
+    /// Tracepoints of the `syscalls` group, by their tracefs name (`sys_enter_getpid`).
+    Syscalls(Vec<String>),
+}
+
+pub struct RecordConfig {
+    pub target: Target,
+    pub duration: Option<Duration>,
+    pub event: EventSpec,
+    pub output: Option<PathBuf>,
+    pub format: Format,
+    pub force_version: Option<String>,
+}
+
+/// A recording as saved with `--format rprof`, re-rendered by `rprof report`.
+#[derive(Serialize, Deserialize)]
+pub struct Recording {
+    pub rprof_version: String,
+    pub pid: u32,
+    pub ruby_version: String,
+    pub event: String,
+    pub samples: u64,
+    pub lost: u64,
+    pub failed: u64,
+    pub profile: Profile,
+}
+
+pub fn record(cfg: RecordConfig) -> Result<()> {
+    system::check_privileges()?;
+    system::check_btf()?;
+    if let EventSpec::Cpu { frequency } = cfg.event {
+        if frequency == 0 || frequency > MAX_FREQUENCY {
+            return Err(UserError::BadFrequency {
+                given: frequency,
+                max: MAX_FREQUENCY,
+            }
+            .into());
+        }
+    }
+    if let EventSpec::Syscalls(_) = cfg.event {
+        system::tracefs()?;
+    }
+
+    let mut probe = Probe::load()?;
+    let mut child = None;
+    let target = match &cfg.target {
+        Target::Pid(pid) => RubyTarget::inspect(*pid, cfg.force_version.as_deref())?,
+        Target::Command(argv) => {
+            let (c, t) = launch(argv, cfg.force_version.as_deref())?;
+            child = Some(c);
+            t
+        }
+    };
+    let pid = target.process.pid;
+    probe.add_process(pid, &target.recipe())?;
+
+    let event_names: Vec<String> = match &cfg.event {
+        EventSpec::Cpu { frequency } => {
+            probe.attach_cpu_clock(*frequency)?;
+            vec!["cpu".to_string()]
+        }
+        EventSpec::Syscalls(names) => {
+            for (i, name) in names.iter().enumerate() {
+                probe.attach_tracepoint("syscalls", name, i as u32 + 1)?;
+            }
+            names.clone()
+        }
+    };
+
+    let stop = Arc::new(AtomicBool::new(false));
+    {
+        let stop = Arc::clone(&stop);
+        ctrlc::set_handler(move || stop.store(true, Ordering::SeqCst)).context("installing the Ctrl-C handler")?;
+    }
+    let what = match &cfg.event {
+        EventSpec::Cpu { frequency } => format!("sampling at {frequency} Hz"),
+        EventSpec::Syscalls(names) => format!("tracing {}", names.join(", ")),
+    };
+    eprintln!(
+        "rprof: recording process {pid} ({}, Ruby {}), {what}; {}",
+        target.process.exe_name(),
+        target.version,
+        match cfg.duration {
+            Some(d) => format!("for {:.1}s (Ctrl-C to stop early)", d.as_secs_f64()),
+            None => "Ctrl-C to stop".to_string(),
+        }
+    );
+
+    let mut collector = Collector::new(&target, event_names.clone());
+    let started = Instant::now();
+    let mut epoch_started = Instant::now();
+    loop {
+        probe.poll(POLL, |s| collector.on_sample(s))?;
+        if stop.load(Ordering::SeqCst)
+            || cfg.duration.is_some_and(|d| started.elapsed() >= d)
+            || !target.process.is_alive()
+            || child.as_mut().is_some_and(|c: &mut Child| matches!(c.try_wait(), Ok(Some(_))))
+        {
+            break;
+        }
+        if epoch_started.elapsed() >= EPOCH {
+            collector.close_epoch(&mut probe)?;
+            epoch_started = Instant::now();
+        }
+    }
+    probe.detach();
+    collector.close_epoch(&mut probe)?;
+    let stats = probe.stats()?;
+    probe.remove_process(pid);
+
+    let output = cfg
+        .output
+        .clone()
+        .unwrap_or_else(|| default_output(pid, cfg.format));
+    let recording = collector.finish(&target, &stats, event_names.join(","));
+    write_output(&recording, &output, cfg.format)?;
+    print_summary(&recording, &stats, &collector, &output, started.elapsed());
+    if let Some(mut c) = child {
+        if !matches!(c.try_wait(), Ok(Some(_))) {
+            eprintln!("rprof: {} (pid {pid}) is still running", cfg_command_name(&cfg.target));
+        }
+        let _ = c.try_wait();
+    }
+    Ok(())
+}
+
+fn cfg_command_name(t: &Target) -> String {
+    match t {
+        Target::Command(argv) => argv.join(" "),
+        Target::Pid(pid) => pid.to_string(),
+    }
+}
+
+/// Starts `argv` and waits until its Ruby VM can be read.
+fn launch(argv: &[String], force_version: Option<&str>) -> Result<(Child, RubyTarget)> {
+    let (prog, args) = argv.split_first().context("no command given after --")?;
+    let mut child = Command::new(prog)
+        .args(args)
+        .spawn()
+        .with_context(|| format!("starting {prog}"))?;
+    let pid = child.id();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match RubyTarget::inspect(pid, force_version) {
+            Ok(t) if t.ready() => return Ok((child, t)),
+            Ok(_) => {}
+            Err(e) => {
+                let user = e.downcast_ref::<UserError>();
+                if matches!(user, Some(UserError::UnsupportedVersion(_))) || Instant::now() > deadline {
+                    let _ = child.kill();
+                    return Err(e);
+                }
+            }
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            return Err(anyhow::Error::from(UserError::TargetGone { pid })).with_context(|| format!("{prog} exited with {status}"));
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// Turns BPF's records and counts into a profile.
+struct Collector {
+    resolver: Resolver,
+    events: Vec<String>,
+    /// Resolved stacks by hash, with the generation they were last used in.
+    stacks: HashMap<u64, (Vec<Frame>, u64)>,
+    generation: u64,
+    profile: Profile,
+    /// Counted events whose stack never reached userspace (ring buffer full).
+    undelivered: u64,
+}
+
+impl Collector {
+    fn new(target: &RubyTarget, events: Vec<String>) -> Self {
+        Self {
+            resolver: Resolver::new(target),
+            events,
+            stacks: HashMap::new(),
+            generation: 0,
+            profile: Profile::default(),
+            undelivered: 0,
+        }
+    }
+
+    fn on_sample(&mut self, s: Sample) {
+        let stack = self.build_stack(&s);
+        if s.has(types::rprof_sample_flags::RPROF_SAMPLE_DIRECT) {
+            self.profile.add(&stack, 1);
+        } else {
+            self.stacks.insert(s.header.hash, (stack, self.generation));
+        }
+    }
+
+    /// Root first: thread, [truncated], Ruby frames, then the traced event.
+    fn build_stack(&mut self, s: &Sample) -> Vec<Frame> {
+        let h = &s.header;
+        let comm: Vec<u8> = h.comm.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
+        let mut stack = Vec::with_capacity(s.frames.len() + 3);
+        stack.push(Frame::thread(format!("{} [{}]", String::from_utf8_lossy(&comm), h.tid)));
+        if s.has(types::rprof_sample_flags::RPROF_SAMPLE_READ_FAILED) {
+            stack.push(Frame::marker("[failed to read the Ruby stack]"));
+        } else if s.has(types::rprof_sample_flags::RPROF_SAMPLE_FOREIGN_EC) {
+            stack.push(Frame::marker("[GVL released: Ruby stack unknown]"));
+        }
+        if s.has(types::rprof_sample_flags::RPROF_SAMPLE_TRUNCATED) {
+            stack.push(Frame::marker("[truncated]"));
+        }
+        for f in s.frames.iter().rev() {
+            stack.push(self.resolver.frame(f));
+        }
+        if h.event > 0 {
+            let name = self
+                .events
+                .get(h.event as usize - 1)
+                .map(|n| n.strip_prefix("sys_").unwrap_or(n).to_string())
+                .unwrap_or_else(|| format!("event {}", h.event));
+            stack.push(Frame::event(name));
+        }
+        stack
+    }
+
+    fn close_epoch(&mut self, probe: &mut Probe) -> Result<()> {
+        let mut counts = Vec::new();
+        let mut samples = Vec::new();
+        probe.close_epoch(|s| samples.push(s), |hash, n| counts.push((hash, n)))?;
+        for s in samples {
+            self.on_sample(s);
+        }
+        for (hash, n) in counts {
+            match self.stacks.get_mut(&hash) {
+                Some((stack, gen)) => {
+                    *gen = self.generation;
+                    self.profile.add(stack, n);
+                }
+                None => self.undelivered += n,
+            }
+        }
+        // Each epoch re-sends the stacks it sees: older ones can go, and so can
+        // what was read of the target's memory, which GC may have moved.
+        let keep = self.generation.saturating_sub(1);
+        self.stacks.retain(|_, (_, gen)| *gen >= keep);
+        self.generation += 1;
+        self.resolver.new_epoch();
+        Ok(())
+    }
+
+    fn finish(&self, target: &RubyTarget, stats: &Stats, event: String) -> Recording {
+        Recording {
+            rprof_version: env!("CARGO_PKG_VERSION").to_string(),
+            pid: target.process.pid,
+            ruby_version: target.version.to_string(),
+            event,
+            samples: stats.events,
+            lost: stats.lost + self.undelivered,
+            failed: stats.read_failed,
+            profile: self.profile.clone(),
+        }
+    }
+}
+
+fn print_summary(r: &Recording, stats: &Stats, c: &Collector, output: &Path, elapsed: Duration) {
+    let mut notes = Vec::new();
+    if stats.truncated > 0 {
+        notes.push(format!("{} truncated at the root", stats.truncated));
+    }
+    if c.resolver.unknown_frames > 0 {
+        notes.push(format!("{} frames [unknown]", c.resolver.unknown_frames));
+    }
+    if stats.foreign_ec > 0 {
+        notes.push(format!("{} without the GVL", stats.foreign_ec));
+    }
+    let notes = if notes.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", notes.join(", "))
+    };
+    eprintln!(
+        "rprof: {} samples, {} lost, {} failed in {:.1}s{notes}; wrote {}",
+        r.samples,
+        r.lost,
+        r.failed,
+        elapsed.as_secs_f64(),
+        output.display()
+    );
+}
+
+pub fn write_output(r: &Recording, output: &Path, format: Format) -> Result<()> {
+    let file = File::create(output).with_context(|| format!("creating {}", output.display()))?;
+    let mut w = BufWriter::new(file);
+    match format {
+        Format::Svg | Format::Flame => {
+            let opts = SvgOptions {
+                title: format!("rprof: process {} (Ruby {}), {}", r.pid, r.ruby_version, r.event),
+                subtitle: Some(format!(
+                    "{} samples, {} lost, {} failed",
+                    r.samples, r.lost, r.failed
+                )),
+                count_name: if r.event == "cpu" { "samples" } else { "events" }.to_string(),
+                icicle: format == Format::Svg,
+            };
+            r.profile.write_svg(&mut w, &opts)?;
+        }
+        Format::Folded => r.profile.write_folded(&mut w)?,
+        Format::Rprof => serde_json::to_writer(&mut w, r).context("writing the recording")?,
+    }
+    w.flush().with_context(|| format!("writing {}", output.display()))
+}
+
+pub fn read_recording(path: &Path) -> Result<Recording> {
+    let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    serde_json::from_reader(std::io::BufReader::new(file))
+        .with_context(|| format!("{} is not an rprof recording (written with --format rprof)", path.display()))
+}
+
+fn default_output(pid: u32, format: Format) -> PathBuf {
+    PathBuf::from(format!("rprof-{pid}-{}.{}", local_timestamp(), format.extension()))
+}
+
+/// YYYYmmdd-HHMMSS in local time.
+fn local_timestamp() -> String {
+    // SAFETY: time(NULL) and localtime_r with a zeroed tm we own.
+    unsafe {
+        let now = libc::time(std::ptr::null_mut());
+        let mut tm: libc::tm = std::mem::zeroed();
+        libc::localtime_r(&now, &mut tm);
+        format!(
+            "{:04}{:02}{:02}-{:02}{:02}{:02}",
+            tm.tm_year + 1900,
+            tm.tm_mon + 1,
+            tm.tm_mday,
+            tm.tm_hour,
+            tm.tm_min,
+            tm.tm_sec
+        )
+    }
+}

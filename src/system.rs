@@ -1,0 +1,128 @@
+//! What rprof needs of the machine, checked up front so a missing piece is a
+//! clear error rather than a failure deep inside libbpf: privileges, kernel
+//! BTF, tracefs and its syscall tracepoints.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use crate::error::UserError;
+
+const CAP_SYS_ADMIN: u32 = 21;
+const CAP_PERFMON: u32 = 38;
+const CAP_BPF: u32 = 39;
+
+/// Effective capabilities of this process, from /proc/self/status.
+fn effective_caps() -> u64 {
+    fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("CapEff:"))
+                .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        })
+        .unwrap_or(0)
+}
+
+/// Loading BPF and opening system-wide perf events needs CAP_BPF and
+/// CAP_PERFMON (or CAP_SYS_ADMIN on its own).
+pub fn check_privileges() -> Result<(), UserError> {
+    let caps = effective_caps();
+    let has = |cap: u32| caps & (1u64 << cap) != 0;
+    if has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON)) {
+        return Ok(());
+    }
+    let missing: Vec<&str> = [(CAP_BPF, "CAP_BPF"), (CAP_PERFMON, "CAP_PERFMON")]
+        .iter()
+        .filter(|(c, _)| !has(*c))
+        .map(|(_, n)| *n)
+        .collect();
+    Err(UserError::MissingPrivileges {
+        missing: missing.join(" and "),
+    })
+}
+
+pub fn check_btf() -> Result<(), UserError> {
+    if Path::new("/sys/kernel/btf/vmlinux").exists() {
+        Ok(())
+    } else {
+        Err(UserError::BtfMissing)
+    }
+}
+
+/// The mounted tracefs (holding `events/`), if any.
+pub fn tracefs() -> Result<PathBuf, UserError> {
+    ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"]
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.join("events").is_dir())
+        .ok_or(UserError::TracefsMissing)
+}
+
+/// Every syscall tracepoint, without its `sys_` prefix: `enter_getpid`, ...
+pub fn syscall_tracepoints() -> Result<Vec<String>, UserError> {
+    let dir = tracefs()?.join("events/syscalls");
+    let mut names: Vec<String> = fs::read_dir(&dir)
+        .map_err(|_| UserError::TracefsMissing)?
+        .filter_map(|e| e.ok())
+        .filter_map(|e| e.file_name().to_str().and_then(|n| n.strip_prefix("sys_")).map(str::to_string))
+        .collect();
+    names.sort();
+    Ok(names)
+}
+
+/// Checks a user's syscall tracepoint name (`enter_getpid`, also accepted
+/// with a `sys_` prefix) and returns the tracepoint's name in tracefs.
+pub fn syscall_tracepoint(name: &str, known: &[String]) -> Result<String, UserError> {
+    let bare = name.strip_prefix("sys_").unwrap_or(name);
+    if known.iter().any(|k| k == bare) {
+        return Ok(format!("sys_{bare}"));
+    }
+    let mut close: Vec<(usize, &String)> = known
+        .iter()
+        .map(|k| (edit_distance(bare, k), k))
+        .filter(|(d, k)| *d <= 3 || k.ends_with(&format!("_{bare}")))
+        .collect();
+    close.sort();
+    let hint = if close.is_empty() {
+        String::new()
+    } else {
+        let names: Vec<&str> = close.iter().take(4).map(|(_, k)| k.as_str()).collect();
+        format!(" (did you mean {}?)", names.join(", "))
+    };
+    Err(UserError::UnknownSyscall {
+        name: name.to_string(),
+        hint,
+    })
+}
+
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut cur = vec![i + 1; b.len() + 1];
+        for (j, cb) in b.iter().enumerate() {
+            cur[j + 1] = (prev[j] + usize::from(ca != *cb)).min(prev[j + 1] + 1).min(cur[j] + 1);
+        }
+        prev = cur;
+    }
+    prev[b.len()]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn syscall_names_and_suggestions() {
+        let known: Vec<String> = ["enter_getpid", "exit_getpid", "enter_getppid", "enter_read"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        assert_eq!(syscall_tracepoint("enter_getpid", &known).expect("known"), "sys_enter_getpid");
+        assert_eq!(syscall_tracepoint("sys_enter_read", &known).expect("known"), "sys_enter_read");
+        let err = syscall_tracepoint("enter_getpd", &known).expect_err("unknown").to_string();
+        assert!(err.contains("did you mean enter_getpid"), "{err}");
+        let err = syscall_tracepoint("getpid", &known).expect_err("unknown").to_string();
+        assert!(err.contains("enter_getpid"), "a bare syscall name suggests its tracepoints: {err}");
+    }
+}

@@ -1,0 +1,241 @@
+//! Finds the Ruby VM in a process: which ELF file holds it, its version and
+//! layout, how a thread reaches its own `ruby_current_ec`, and where the
+//! symbol table that names C methods lives. The result is a recipe for BPF.
+
+use std::collections::BTreeMap;
+
+use anyhow::{Context, Result};
+use ruby_structs::{Layout, RubyVersion};
+
+use crate::bpf::types;
+use crate::disasm::{self, TlsAccess};
+use crate::elf::{self, ElfImage, TlsReloc};
+use crate::error::UserError;
+use crate::process::{Mapping, Process};
+
+/// How a thread's execution context is found from its thread pointer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EcAccess {
+    /// A global holding the EC of the thread that holds the GVL (Ruby < 3.0).
+    Global { addr: u64 },
+    /// `dtv[module].val + offset`: dynamic TLS (PIC libruby).
+    TlsDtv { module: u64, offset: u64 },
+    /// `tp + offset`: static TLS (initial exec, or local exec in a static ruby).
+    TlsTpOffset { offset: i64 },
+}
+
+pub struct RubyTarget {
+    pub process: Process,
+    pub version: RubyVersion,
+    pub layout: Layout,
+    /// The file holding the VM (libruby or the ruby executable), as the target sees it.
+    pub vm_path: String,
+    pub ec_access: EcAccess,
+    /// Address of `ruby_global_symbols`, to name C methods; None if not found.
+    pub global_symbols: Option<u64>,
+}
+
+impl RubyTarget {
+    /// Inspects process `pid`. `force_version` picks a layout for a Ruby
+    /// version rprof does not know ("3.2" uses the 3.1 layout, say).
+    pub fn inspect(pid: u32, force_version: Option<&str>) -> Result<Self> {
+        let process = Process::open(pid)?;
+        let maps = process.maps()?;
+        let (image, vm_path, bias) = find_vm(&process, &maps)?;
+        let version_sym = image
+            .symbol("ruby_version")
+            .context("the Ruby VM has no ruby_version symbol")?;
+        let version_text = process
+            .read_cstr(bias + version_sym.value, 32)
+            .with_context(|| format!("reading ruby_version of process {pid}"))?;
+        let version = RubyVersion::parse(&version_text).ok_or_else(|| UserError::NotRuby {
+            pid,
+            exe: process.exe_name(),
+        })?;
+        let layout_version = match force_version {
+            Some(forced) => RubyVersion::parse(forced).ok_or_else(|| UserError::BadForcedVersion {
+                given: forced.to_string(),
+            })?,
+            None => version,
+        };
+        let layout = ruby_structs::layout_for(layout_version).map_err(UserError::from)?;
+        let ec_access = find_ec_access(&process, &image, bias, version)
+            .with_context(|| format!("finding how threads of Ruby {version} reach their execution context"))?;
+        let global_symbols = find_global_symbols(&process, &image, bias, &layout);
+        Ok(Self {
+            process,
+            version,
+            layout,
+            vm_path,
+            ec_access,
+            global_symbols,
+        })
+    }
+
+    /// Whether the dynamic linker has finished with the VM (a just-started
+    /// process may not have its TLS module id filled in yet).
+    pub fn ready(&self) -> bool {
+        !matches!(self.ec_access, EcAccess::TlsDtv { module: 0, .. })
+    }
+
+    /// The recipe the BPF program follows for this process.
+    pub fn recipe(&self) -> types::rprof_proc {
+        let l = &self.layout;
+        let (ec_access, ec_addr, tls_module) = match self.ec_access {
+            EcAccess::Global { addr } => (types::rprof_ec_access::RPROF_EC_GLOBAL, addr, 0),
+            EcAccess::TlsDtv { module, offset } => (types::rprof_ec_access::RPROF_EC_TLS_DTV, offset, module),
+            EcAccess::TlsTpOffset { offset } => (types::rprof_ec_access::RPROF_EC_TLS_TPOFF, offset as u64, 0),
+        };
+        types::rprof_proc {
+            ec_addr,
+            tls_module,
+            ec_access: ec_access.0,
+            dtv_entry_size: 16,
+            ec_vm_stack: l.execution_context.vm_stack,
+            ec_vm_stack_size: l.execution_context.vm_stack_size,
+            ec_cfp: l.execution_context.cfp,
+            ec_thread_ptr: l.execution_context.thread_ptr,
+            th_native_thread: l.thread.native_thread.unwrap_or(0),
+            th_native_id: l.thread.native_thread_id,
+            // Before 3.0 the EC is the GVL holder's: only trust it on that thread.
+            verify_thread: u32::from(matches!(self.ec_access, EcAccess::Global { .. })),
+            cfp_size: l.control_frame.size,
+            cfp_pc: l.control_frame.pc,
+            cfp_iseq: l.control_frame.iseq,
+            cfp_ep: l.control_frame.ep,
+            pad: 0,
+            frame_magic_mask: l.frame.magic_mask,
+            frame_magic_cfunc: l.frame.magic_cfunc,
+            env_flag_local: l.frame.env_flag_local,
+            imemo_ment_mask: l.value.type_mask | (l.imemo.type_mask << l.imemo.type_shift),
+            imemo_ment_value: l.value.t_imemo | (l.imemo.type_ment << l.imemo.type_shift),
+        }
+    }
+}
+
+/// The mapped ELF file that defines `ruby_version`, with its load bias.
+fn find_vm(process: &Process, maps: &[Mapping]) -> Result<(ElfImage, String, u64)> {
+    let mut by_path: BTreeMap<&str, Vec<&Mapping>> = BTreeMap::new();
+    for m in maps.iter().filter(|m| m.path.starts_with('/')) {
+        by_path.entry(m.path.as_str()).or_default().push(m);
+    }
+    // libruby or the ruby executable first; a VM embedded elsewhere is found too.
+    let mut paths: Vec<&str> = by_path.keys().copied().collect();
+    paths.sort_by_key(|p| !file_name(p).contains("ruby"));
+    for path in paths {
+        let mappings = &by_path[path];
+        if !mappings.iter().any(|m| m.perms.contains('x')) {
+            continue;
+        }
+        let host = process.host_path(path.trim_end_matches(" (deleted)"));
+        let Ok(image) = ElfImage::open(&host) else {
+            continue;
+        };
+        if image.symbol("ruby_version").is_none() {
+            continue;
+        }
+        let bias = image
+            .load_bias(mappings)
+            .with_context(|| format!("working out where {path} is loaded"))?;
+        return Ok((image, path.to_string(), bias));
+    }
+    Err(UserError::NotRuby {
+        pid: process.pid,
+        exe: process.exe_name(),
+    }
+    .into())
+}
+
+fn file_name(path: &str) -> &str {
+    path.rsplit('/').next().unwrap_or(path)
+}
+
+fn find_ec_access(process: &Process, image: &ElfImage, bias: u64, version: RubyVersion) -> Result<EcAccess> {
+    if version.major < 3 {
+        let sym = image
+            .symbol("ruby_current_execution_context_ptr")
+            .context("no ruby_current_execution_context_ptr symbol")?;
+        return Ok(EcAccess::Global { addr: bias + sym.value });
+    }
+    if let Some(sym) = image.symbol("ruby_current_ec").filter(|s| s.tls) {
+        if !image.is_shared_object() {
+            // The executable's TLS block is the first, right below the thread pointer.
+            let tls = image.tls_segment().context("ruby_current_ec is TLS but there is no TLS segment")?;
+            return Ok(EcAccess::TlsTpOffset {
+                offset: elf::exec_tls_tp_offset(tls, sym.value),
+            });
+        }
+        match image.tls_reloc("ruby_current_ec") {
+            Some(TlsReloc::Dtpmod { got }) => {
+                let module = process
+                    .read_u64(bias + got)
+                    .context("reading the TLS module id from the GOT")?;
+                return Ok(EcAccess::TlsDtv {
+                    module,
+                    offset: sym.value,
+                });
+            }
+            Some(TlsReloc::Tpoff { got }) => {
+                let offset = process.read_u64(bias + got).context("reading the TLS offset from the GOT")? as i64;
+                return Ok(EcAccess::TlsTpOffset { offset });
+            }
+            None => {}
+        }
+    }
+    // Hidden symbol (Debian's 3.3+): an exported function that reads the EC shows the way.
+    for func in ["rb_errinfo", "rb_current_execution_context", "rb_thread_current"] {
+        let Some(sym) = image.symbol(func) else { continue };
+        let Some(code) = image.bytes_at(sym.value, 256) else { continue };
+        match disasm::first_tls_access(&code, sym.value) {
+            Some(TlsAccess::GeneralDynamic { tls_index }) => {
+                let module = process
+                    .read_u64(bias + tls_index)
+                    .context("reading the TLS module id from the GOT")?;
+                let offset = process
+                    .read_u64(bias + tls_index + 8)
+                    .context("reading the TLS offset from the GOT")?;
+                return Ok(EcAccess::TlsDtv { module, offset });
+            }
+            Some(TlsAccess::InitialExec { got }) => {
+                let offset = process.read_u64(bias + got).context("reading the TLS offset from the GOT")? as i64;
+                return Ok(EcAccess::TlsTpOffset { offset });
+            }
+            Some(TlsAccess::LocalExec { tp_offset }) => return Ok(EcAccess::TlsTpOffset { offset: tp_offset }),
+            None => {}
+        }
+    }
+    anyhow::bail!("found neither the ruby_current_ec symbol nor code that reads it")
+}
+
+/// `ruby_global_symbols`: by name, or through the code of `rb_id2str`, checked
+/// by reading it: `last_id` must be a plausible count and `ids` an Array.
+fn find_global_symbols(process: &Process, image: &ElfImage, bias: u64, layout: &Layout) -> Option<u64> {
+    if let Some(sym) = image.symbol("ruby_global_symbols") {
+        return Some(bias + sym.value);
+    }
+    let id2str = image.symbol("rb_id2str")?;
+    let mut funcs = vec![id2str.value];
+    let mut candidates = Vec::new();
+    let mut seen = Vec::new();
+    while let Some(func) = funcs.pop() {
+        if seen.contains(&func) || seen.len() > 6 {
+            continue;
+        }
+        seen.push(func);
+        let code = image.bytes_at(func, 512)?;
+        candidates.extend(disasm::rip_relative_data(&code, func, 96));
+        if seen.len() < 3 {
+            funcs.extend(disasm::branch_targets(&code, func, 12).into_iter().rev());
+        }
+    }
+    candidates.into_iter().find_map(|addr| {
+        let base = (bias + addr).checked_sub(layout.symbols.last_id as u64)?;
+        let last_id = process.read_u32(base + layout.symbols.last_id as u64).ok()?;
+        let ids = process.read_u64(base + layout.symbols.ids as u64).ok()?;
+        if !(100..100_000_000).contains(&last_id) || ids == 0 || ids & 7 != 0 {
+            return None;
+        }
+        let flags = process.read_u64(ids).ok()?;
+        (flags & layout.value.type_mask == layout.value.t_array).then_some(base)
+    })
+}
