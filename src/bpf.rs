@@ -194,7 +194,11 @@ impl Probe {
 
     /// Waits up to `timeout` for stack records and hands each to `f`.
     pub fn poll(&mut self, timeout: Duration, mut f: impl FnMut(Sample)) -> Result<()> {
-        self.ring.poll(timeout).context("polling the ring buffer")?;
+        match self.ring.poll(timeout) {
+            // A signal (Ctrl-C) interrupts the wait; the caller decides what next.
+            Err(e) if e.kind() == libbpf_rs::ErrorKind::Interrupted => {}
+            other => other.context("polling the ring buffer")?,
+        }
         self.drain_queue(&mut f);
         Ok(())
     }

@@ -49,11 +49,17 @@ impl Process {
         Ok(text.lines().filter_map(parse_maps_line).collect())
     }
 
-    /// A path of the target's as seen from here: through /proc/PID/root, so
-    /// files of a process in another mount namespace (a container, a chroot)
-    /// are the target's files, not ours.
-    pub fn host_path(&self, path: &str) -> PathBuf {
-        PathBuf::from(format!("/proc/{}/root{}", self.pid, path))
+    /// Where to open the file behind a mapping from here. The maps path is
+    /// relative to a root that may not be ours (a container, a chroot), so
+    /// prefer /proc/PID/map_files, which is the mapped file itself, then
+    /// /proc/PID/root/PATH, then PATH.
+    pub fn mapped_file_candidates(&self, m: &Mapping) -> Vec<PathBuf> {
+        let path = m.path.trim_end_matches(" (deleted)");
+        vec![
+            PathBuf::from(format!("/proc/{}/map_files/{:x}-{:x}", self.pid, m.start, m.end)),
+            PathBuf::from(format!("/proc/{}/root{}", self.pid, path)),
+            PathBuf::from(path),
+        ]
     }
 
     /// The command name of one of the target's threads.

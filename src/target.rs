@@ -127,8 +127,11 @@ fn find_vm(process: &Process, maps: &[Mapping]) -> Result<(ElfImage, String, u64
         if !mappings.iter().any(|m| m.perms.contains('x')) {
             continue;
         }
-        let host = process.host_path(path.trim_end_matches(" (deleted)"));
-        let Ok(image) = ElfImage::open(&host) else {
+        let Some(image) = mappings
+            .iter()
+            .flat_map(|m| process.mapped_file_candidates(m))
+            .find_map(|candidate| ElfImage::open(&candidate).ok())
+        else {
             continue;
         };
         if image.symbol("ruby_version").is_none() {

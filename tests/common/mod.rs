@@ -1,0 +1,249 @@
+//! Shared by the integration tests: start real Ruby programs (on the host or
+//! in a cached Debian chroot), wait for their "ready" line, run rprof on them
+//! and read what it wrote.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+pub const RPROF: &str = env!("CARGO_BIN_EXE_rprof");
+
+/// The directory holding the Ruby test programs.
+pub fn scripts_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/ruby")
+}
+
+fn cache_dir() -> PathBuf {
+    std::env::var_os("RPROF_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/cache/rprof"))
+}
+
+/// A Ruby to run test programs with.
+#[derive(Debug, Clone)]
+pub struct Ruby {
+    /// "3.1", "2.7", "3.1-static", ...
+    pub name: String,
+    /// Chroot the program runs in, if any.
+    pub root: Option<PathBuf>,
+    /// The ruby executable (inside the chroot, if any).
+    pub exe: String,
+}
+
+impl Ruby {
+    /// Debian 12's ruby on the host.
+    pub fn host() -> Ruby {
+        Ruby { name: "3.1".into(), root: None, exe: "ruby".into() }
+    }
+
+    /// Every Ruby the suite covers; a missing one fails loudly (run
+    /// scripts/setup-rubies.sh, which `make test` does).
+    pub fn all() -> Vec<Ruby> {
+        let cache = cache_dir();
+        let chroot = |name: &str, exe: &str| {
+            let root = cache.join(format!("chroot-{name}"));
+            assert!(
+                root.join(".rprof-ready").exists(),
+                "Ruby {name} chroot missing at {}: run scripts/setup-rubies.sh {name}",
+                root.display()
+            );
+            Ruby { name: name.into(), root: Some(root), exe: exe.into() }
+        };
+        let static_exe = cache.join("ruby-3.1-static/bin/ruby");
+        assert!(static_exe.exists(), "static Ruby missing at {}: run scripts/setup-rubies.sh static", static_exe.display());
+        vec![
+            chroot("2.7", "ruby"),
+            Ruby::host(),
+            Ruby { name: "3.1-static".into(), root: None, exe: static_exe.display().to_string() },
+            chroot("3.3", "ruby"),
+            chroot("3.4", "ruby3.4"),
+        ]
+    }
+
+    /// The path of a test script as this Ruby sees it (copied into the chroot).
+    pub fn script_path(&self, script: &str) -> String {
+        let src = scripts_dir().join(script);
+        match &self.root {
+            None => src.display().to_string(),
+            Some(root) => {
+                let dir = root.join("tmp/rprof-tests");
+                std::fs::create_dir_all(&dir).expect("create script dir in chroot");
+                std::fs::copy(&src, dir.join(script)).expect("copy script into chroot");
+                format!("/tmp/rprof-tests/{script}")
+            }
+        }
+    }
+
+    pub fn command(&self, script: &str, args: &[&str]) -> Command {
+        let path = self.script_path(script);
+        let mut cmd = match &self.root {
+            None => Command::new(&self.exe),
+            Some(root) => {
+                let mut c = Command::new("chroot");
+                c.arg(root).arg(&self.exe);
+                c
+            }
+        };
+        cmd.arg(path).args(args);
+        cmd
+    }
+
+    /// Starts `script` and waits for it to print a line starting with "ready".
+    pub fn spawn(&self, script: &str, args: &[&str]) -> Target {
+        let mut cmd = self.command(script, args);
+        Target::start(&mut cmd)
+    }
+}
+
+/// A running program, killed when dropped.
+pub struct Target {
+    pub child: Child,
+    pub pid: u32,
+    /// The words after "ready" on its ready line, as key=value pairs.
+    pub info: BTreeMap<String, String>,
+    lines: mpsc::Receiver<String>,
+}
+
+impl Target {
+    pub fn start(cmd: &mut Command) -> Target {
+        let mut child = cmd
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start the target");
+        let stdout = child.stdout.take().expect("stdout");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let pid = child.id();
+        let mut target = Target { child, pid, info: BTreeMap::new(), lines: rx };
+        let ready = target.wait_line("ready", Duration::from_secs(60));
+        target.info = ready
+            .split_whitespace()
+            .skip(1)
+            .filter_map(|kv| kv.split_once('=').map(|(k, v)| (k.to_string(), v.to_string())))
+            .collect();
+        target
+    }
+
+    /// Waits for a line starting with `prefix` and returns it.
+    pub fn wait_line(&mut self, prefix: &str, timeout: Duration) -> String {
+        loop {
+            match self.lines.recv_timeout(timeout) {
+                Ok(line) if line.starts_with(prefix) => return line,
+                Ok(_) => continue,
+                Err(_) => {
+                    let status = self.child.try_wait();
+                    panic!("target {} printed no line starting with {prefix:?} in {timeout:?} (status {status:?})", self.pid)
+                }
+            }
+        }
+    }
+
+    pub fn get(&self, key: &str) -> &str {
+        self.info.get(key).unwrap_or_else(|| panic!("ready line has no {key}=: {:?}", self.info))
+    }
+}
+
+impl Drop for Target {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn rprof(args: &[&str]) -> Output {
+    Command::new(RPROF).args(args).output().expect("run rprof")
+}
+
+/// Stacks from a folded file: frames root first, with counts.
+#[derive(Debug, Default)]
+pub struct Folded {
+    pub stacks: Vec<(Vec<String>, u64)>,
+}
+
+impl Folded {
+    pub fn parse(text: &str) -> Folded {
+        let stacks = text
+            .lines()
+            .filter(|l| !l.is_empty())
+            .map(|l| {
+                let (stack, count) = l.rsplit_once(' ').expect("folded line has a count");
+                (stack.split(';').map(str::to_string).collect(), count.parse().expect("count"))
+            })
+            .collect();
+        Folded { stacks }
+    }
+
+    pub fn total(&self) -> u64 {
+        self.stacks.iter().map(|(_, n)| n).sum()
+    }
+
+    /// Samples whose stack has a frame satisfying `pred`.
+    pub fn count(&self, pred: impl Fn(&str) -> bool) -> u64 {
+        self.stacks.iter().filter(|(s, _)| s.iter().any(|f| pred(f))).map(|(_, n)| n).sum()
+    }
+
+    /// Samples of the thread whose root frame ends with `[tid]`.
+    pub fn of_thread(&self, tid: &str) -> Folded {
+        let suffix = format!("[{tid}]");
+        Folded {
+            stacks: self.stacks.iter().filter(|(s, _)| s[0].ends_with(&suffix)).cloned().collect(),
+        }
+    }
+}
+
+/// A frame's label: "label (path:line)" -> "label".
+pub fn label(frame: &str) -> &str {
+    frame.split(" (").next().unwrap_or(frame)
+}
+
+/// A frame's line number, if it has one.
+pub fn line(frame: &str) -> Option<u32> {
+    let loc = frame.rsplit_once(" (")?.1.strip_suffix(')')?;
+    loc.rsplit_once(':')?.1.parse().ok()
+}
+
+/// What rprof printed and wrote.
+pub struct Run {
+    pub folded: Folded,
+    pub stderr: String,
+    pub success: bool,
+}
+
+impl Run {
+    /// A number from the summary line, e.g. `run.summary("lost")`.
+    pub fn summary(&self, what: &str) -> u64 {
+        let line = self
+            .stderr
+            .lines()
+            .find(|l| l.contains(" samples, ") || l.contains(" events, "))
+            .unwrap_or_else(|| panic!("no summary line in {:?}", self.stderr));
+        let words: Vec<&str> = line.split(|c: char| c == ',' || c == ' ' || c == ':' || c == ';').filter(|w| !w.is_empty()).collect();
+        let at = words.iter().position(|w| *w == what).unwrap_or_else(|| panic!("no {what} in {line:?}"));
+        words[at - 1].parse().unwrap_or_else(|_| panic!("no number before {what} in {line:?}"))
+    }
+}
+
+/// Runs `rprof record -p PID ARGS... --format folded -o TMP` and reads the result.
+pub fn record(pid: u32, args: &[&str]) -> Run {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = dir.path().join("out.folded");
+    let pid_s = pid.to_string();
+    let mut all = vec!["record", "-p", &pid_s, "--format", "folded", "-o", out.to_str().expect("utf8")];
+    all.extend_from_slice(args);
+    let output = rprof(&all);
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(!stderr.contains("panicked"), "rprof panicked: {stderr}");
+    let folded = std::fs::read_to_string(&out).map(|t| Folded::parse(&t)).unwrap_or_default();
+    Run { folded, stderr, success: output.status.success() }
+}

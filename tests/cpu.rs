@@ -1,0 +1,171 @@
+//! `rprof record` (cpu event) against real Ruby processes on the host's Ruby
+//! 3.1: sample shares, per-thread stacks, deep stacks, and recordings that end
+//! because the target exits or the user presses Ctrl-C.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{label, record, rprof, Folded, Ruby};
+
+#[test]
+fn a_method_called_three_times_as_often_gets_75_percent() {
+    let target = Ruby::host().spawn("ratio.rb", &[]);
+    let run = record(target.pid, &["-d", "3", "-F", "999"]);
+    assert!(run.success, "{}", run.stderr);
+    let thrice = run.folded.count(|f| label(f) == "thrice");
+    let once = run.folded.count(|f| label(f) == "once");
+    assert!(thrice + once > 1500, "too few samples: {thrice} + {once}\n{}", run.stderr);
+    let share = thrice as f64 / (thrice + once) as f64;
+    assert!((0.70..=0.80).contains(&share), "thrice got {:.1}% of {} samples", share * 100.0, thrice + once);
+    // Every sample is accounted for in the profile.
+    assert_eq!(run.folded.total(), run.summary("samples") - run.summary("lost"));
+}
+
+#[test]
+fn each_thread_gets_its_own_stack_even_without_the_gvl() {
+    let target = Ruby::host().spawn("threads.rb", &[]);
+    let (alpha, beta) = (target.get("alpha").to_string(), target.get("beta").to_string());
+    let run = record(target.pid, &["-d", "3", "-F", "499"]);
+    assert!(run.success, "{}", run.stderr);
+    for (stack, n) in &run.folded.stacks {
+        let has_alpha = stack.iter().any(|f| label(f).contains("alpha_"));
+        let has_beta = stack.iter().any(|f| label(f).contains("beta_"));
+        assert!(!(has_alpha && has_beta), "a stack mixes both threads ({n} samples): {stack:?}");
+        if has_alpha {
+            assert_eq!(stack[0], format!("alpha [{alpha}]"), "alpha's frames under another thread");
+        }
+        if has_beta {
+            assert_eq!(stack[0], format!("beta [{beta}]"), "beta's frames under another thread");
+        }
+    }
+    let a = run.folded.of_thread(&alpha);
+    let b = run.folded.of_thread(&beta);
+    assert!(a.count(|f| label(f) == "alpha_work") > 100, "alpha barely sampled: {:?}", a.stacks);
+    // beta runs zlib with the GVL released, on the other CPU, at the same time.
+    let deflating = b.count(|f| label(f) == "beta_work");
+    assert!(deflating > 100, "beta's zlib work barely sampled: {:?}", b.stacks);
+}
+
+/// Frames of `label` in every stack that reaches `leaf`.
+fn depths(folded: &Folded, frame_label: &str, leaf: &str) -> Vec<usize> {
+    folded
+        .stacks
+        .iter()
+        .filter(|(s, _)| s.last().is_some_and(|f| label(f) == leaf))
+        .map(|(s, _)| s.iter().filter(|f| label(f) == frame_label).count())
+        .collect()
+}
+
+#[test]
+fn a_1500_deep_recursion_has_every_frame() {
+    let target = Ruby::host().spawn("deep.rb", &["1500"]);
+    let run = record(target.pid, &["-d", "2", "-F", "199"]);
+    assert!(run.success, "{}", run.stderr);
+    let found = depths(&run.folded, "descend", "spin");
+    assert!(!found.is_empty(), "no sample in spin: {}", run.stderr);
+    // descend(1500) .. descend(0): 1501 frames, each with its calling line.
+    assert!(found.iter().all(|&d| d == 1501), "depths seen: {found:?}");
+    for (stack, _) in &run.folded.stacks {
+        assert!(!stack.iter().any(|f| f == "[truncated]"), "1500 frames must not be truncated");
+        assert_eq!(label(&stack[1]), "<main>", "the root frame is the script: {:?}", &stack[..3]);
+    }
+}
+
+#[test]
+fn a_stack_deeper_than_the_limit_is_cut_at_the_root_and_marked() {
+    let target = Ruby::host().spawn("deep.rb", &["5000"]);
+    let run = record(target.pid, &["-d", "2", "-F", "99"]);
+    assert!(run.success, "{}", run.stderr);
+    let in_spin: Vec<&(Vec<String>, u64)> = run
+        .folded
+        .stacks
+        .iter()
+        .filter(|(s, _)| s.last().is_some_and(|f| label(f) == "spin"))
+        .collect();
+    assert!(!in_spin.is_empty(), "{}", run.stderr);
+    for (stack, _) in in_spin {
+        assert_eq!(stack[1], "[truncated]", "the cut is marked right under the thread");
+        let kept = stack.iter().filter(|f| label(f) == "descend").count();
+        assert!((4000..5001).contains(&kept), "kept {kept} frames");
+    }
+    assert!(run.stderr.contains("truncated"), "the summary counts truncated stacks: {}", run.stderr);
+}
+
+#[test]
+fn a_target_that_exits_ends_the_recording_and_its_samples_are_written() {
+    let target = Ruby::host().spawn("short.rb", &["1.5"]);
+    let started = std::time::Instant::now();
+    let run = record(target.pid, &["-F", "499"]);
+    assert!(run.success, "{}", run.stderr);
+    assert!(started.elapsed() < Duration::from_secs(10), "rprof kept running after the target exited");
+    assert!(run.folded.count(|f| label(f) == "burn") > 100, "{:?}", run.folded.stacks);
+}
+
+#[test]
+fn ctrl_c_ends_the_recording_and_its_samples_are_written() {
+    let target = Ruby::host().spawn("ratio.rb", &[]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = dir.path().join("ctrl-c.folded");
+    let mut child = std::process::Command::new(common::RPROF)
+        .args(["record", "-p", &target.pid.to_string(), "--format", "folded", "-o"])
+        .arg(&out)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start rprof");
+    let mut stderr = std::io::BufReader::new(child.stderr.take().expect("stderr"));
+    let mut first = String::new();
+    std::io::BufRead::read_line(&mut stderr, &mut first).expect("rprof announces itself");
+    assert!(first.contains("recording"), "{first}");
+    std::thread::sleep(Duration::from_millis(1500));
+    // SAFETY: sending SIGINT to a child we started.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let status = child.wait().expect("rprof exits after Ctrl-C");
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut stderr, &mut rest).expect("stderr");
+    assert!(status.success(), "{status:?}: {rest}");
+    assert!(rest.contains("samples"), "summary printed: {rest}");
+    let folded = Folded::parse(&std::fs::read_to_string(&out).expect("output written"));
+    assert!(folded.count(|f| label(f) == "thrice") > 10, "{:?}", folded.stacks);
+}
+
+#[test]
+fn default_output_is_an_icicle_svg_named_after_pid_and_time() {
+    let target = Ruby::host().spawn("ratio.rb", &[]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = std::process::Command::new(common::RPROF)
+        .args(["record", "-p", &target.pid.to_string(), "-d", "1"])
+        .current_dir(dir.path())
+        .output()
+        .expect("run rprof");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let files: Vec<String> = std::fs::read_dir(dir.path())
+        .expect("read dir")
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .collect();
+    let prefix = format!("rprof-{}-", target.pid);
+    let name = files
+        .iter()
+        .find(|n| n.starts_with(&prefix) && n.ends_with(".svg"))
+        .unwrap_or_else(|| panic!("no {prefix}*.svg in {files:?}"));
+    let stamp = &name[prefix.len()..name.len() - 4];
+    assert!(
+        stamp.len() == 15 && stamp.as_bytes()[8] == b'-' && stamp.replace('-', "").chars().all(|c| c.is_ascii_digit()),
+        "timestamp {stamp:?} is not YYYYmmdd-HHMMSS"
+    );
+    let svg = std::fs::read_to_string(dir.path().join(name)).expect("svg");
+    assert!(svg.contains("thrice"), "the SVG names the hot method");
+    assert!(svg.contains("inverted"), "icicle: root at the top");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains(name.as_str()), "the summary names the file: {stderr}");
+}
+
+#[test]
+fn an_idle_ruby_gives_an_empty_profile_not_an_error() {
+    let target = Ruby::host().spawn("idle.rb", &[]);
+    let run = record(target.pid, &["-d", "1"]);
+    assert!(run.success, "{}", run.stderr);
+    assert_eq!(run.summary("lost"), 0);
+    assert_eq!(run.summary("failed"), 0);
+    let _ = rprof(&["--version"]);
+}

@@ -1,0 +1,4 @@
+# Waits forever without using CPU.
+$stdout.puts "ready"
+$stdout.flush
+sleep
