@@ -304,15 +304,20 @@ fn print_summary(r: &Recording, stats: &Stats, c: &Collector, output: &Path, ela
         notes.push(format!("{} frames [unknown]", c.resolver.unknown_frames));
     }
     if stats.foreign_ec > 0 {
-        notes.push(format!("{} without the GVL", stats.foreign_ec));
+        notes.push(if r.ruby_version.starts_with("2.") {
+            format!("{} without the GVL", stats.foreign_ec)
+        } else {
+            format!("{} skipped: the EC read belonged to another thread", stats.foreign_ec)
+        });
     }
     let notes = if notes.is_empty() {
         String::new()
     } else {
         format!(" ({})", notes.join(", "))
     };
+    let unit = if r.event == "cpu" { "samples" } else { "events" };
     eprintln!(
-        "rprof: {} samples, {} lost, {} failed in {:.1}s{notes}; wrote {}",
+        "rprof: {} {unit}, {} lost, {} failed in {:.1}s{notes}; wrote {}",
         r.samples,
         r.lost,
         r.failed,

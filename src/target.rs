@@ -97,8 +97,9 @@ impl RubyTarget {
             ec_thread_ptr: l.execution_context.thread_ptr,
             th_native_thread: l.thread.native_thread.unwrap_or(0),
             th_native_id: l.thread.native_thread_id,
-            // Before 3.0 the EC is the GVL holder's: only trust it on that thread.
-            verify_thread: u32::from(matches!(self.ec_access, EcAccess::Global { .. })),
+            // Before 3.0 the EC is the GVL holder's: only trust it on that
+            // thread. From 3.0 each thread has its own, and the check proves it.
+            verify_thread: 1,
             cfp_size: l.control_frame.size,
             cfp_pc: l.control_frame.pc,
             cfp_iseq: l.control_frame.iseq,

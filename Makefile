@@ -1,0 +1,44 @@
+# rprof's two set-up commands on a fresh Debian 12 machine, as root:
+#   make demo   install what rprof needs, build it, profile demo/app.rb
+#   make test   install what the tests need (Rubies included) and run them all
+CARGO ?= cargo
+APT_PACKAGES = clang llvm libelf-dev zlib1g-dev pkg-config make gcc ruby ruby-dev \
+               debootstrap util-linux
+RPROF = target/release/rprof
+
+.PHONY: deps tracefs build demo test lint bench clean-cache
+
+deps:
+	@missing=$$(for p in $(APT_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+		echo "make: installing $$missing"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	fi
+
+# Syscall tracepoints live in tracefs; mount it where the kernel expects it.
+tracefs:
+	@[ -d /sys/kernel/tracing/events ] || mount -t tracefs nodev /sys/kernel/tracing
+
+build: deps
+	$(CARGO) build --release --locked
+
+demo: build
+	$(RPROF) record -F 499 -o rprof-demo.svg -- ruby demo/app.rb 5
+	@echo "make: open $$(pwd)/rprof-demo.svg in a browser"
+
+test: deps tracefs
+	scripts/setup-rubies.sh all
+	$(CARGO) build --release --locked
+	$(CARGO) test --release --locked --workspace -- --test-threads=1
+
+lint:
+	$(CARGO) fmt --all --check
+	$(CARGO) clippy --release --locked --workspace --all-targets -- -D warnings
+	clang-format --dry-run --Werror bpf/rprof.bpf.c bpf/rprof.h
+
+bench: build
+	bench/overhead
+	bench/syscall-storm
+
+clean-cache:
+	rm -rf /var/cache/rprof

@@ -1,0 +1,142 @@
+//! `rprof record ... syscall NAME`: every event, with the Ruby stack of the
+//! thread that made the call, never the GVL holder's.
+
+mod common;
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::{label, record, rprof, Folded, Ruby, Target};
+
+fn labels(stack: &[String]) -> Vec<&str> {
+    stack.iter().map(|f| label(f)).collect()
+}
+
+fn has_chain(stack: &[String], chain: &[&str]) -> bool {
+    let l = labels(stack);
+    chain.iter().all(|c| l.contains(c))
+}
+
+fn no_foreign_ec(stderr: &str) {
+    assert!(!stderr.contains("another thread"), "an EC of another thread was read: {stderr}");
+}
+
+#[test]
+fn a_syscall_made_without_the_gvl_is_charged_to_its_own_thread() {
+    let target = Ruby::host().spawn("syscalls.rb", &["stat"]);
+    let (caller, cruncher) = (target.get("syscaller").to_string(), target.get("cruncher").to_string());
+    let run = record(target.pid, &["-d", "2", "syscall", "enter_newfstatat"]);
+    assert!(run.success, "{}", run.stderr);
+    no_foreign_ec(&run.stderr);
+    let mine = run.folded.of_thread(&caller);
+    assert!(mine.total() > 20, "too few events of the syscalling thread: {:?}", run.folded.stacks);
+    for (stack, n) in &run.folded.stacks {
+        let l = labels(stack);
+        assert!(!l.iter().any(|f| ["a", "b", "c"].contains(f)), "{n} events blamed on the cruncher's code: {stack:?}");
+        assert_eq!(l.last(), Some(&"enter_newfstatat"), "the leaf names the syscall: {stack:?}");
+        if stack[0].ends_with(&format!("[{caller}]")) {
+            assert!(has_chain(stack, &["x", "y", "z", "exist?"]), "{stack:?}");
+        }
+    }
+    assert_eq!(run.folded.of_thread(&cruncher).total(), 0, "the cruncher makes no newfstatat call");
+}
+
+#[test]
+fn getpid_events_carry_the_stack_of_the_thread_that_made_them() {
+    let target = Ruby::host().spawn("syscalls.rb", &["getpid"]);
+    let (caller, cruncher) = (target.get("syscaller").to_string(), target.get("cruncher").to_string());
+    let run = record(target.pid, &["-d", "2", "syscall", "enter_getpid"]);
+    assert!(run.success, "{}", run.stderr);
+    no_foreign_ec(&run.stderr);
+    let mut chained = 0;
+    for (stack, n) in &run.folded.stacks {
+        let l = labels(stack);
+        let xyz = l.iter().any(|f| ["x", "y", "z"].contains(f));
+        let abc = l.iter().any(|f| ["a", "b", "c"].contains(f));
+        assert!(!(xyz && abc), "a stack mixes both threads: {stack:?}");
+        if stack[0].ends_with(&format!("[{caller}]")) {
+            assert!(!abc, "{n} of the syscaller's events carry the writer's stack: {stack:?}");
+            if has_chain(stack, &["x", "y", "z", "pid"]) {
+                chained += n;
+            }
+        } else if stack[0].ends_with(&format!("[{cruncher}]")) {
+            assert!(!xyz, "{n} of the writer's events carry the syscaller's stack: {stack:?}");
+        } else {
+            assert!(!xyz && !abc, "Ruby frames under a thread that runs none: {stack:?}");
+        }
+    }
+    assert!(chained > 100, "few getpid events under x -> y -> z -> pid: {:?}", run.folded.stacks);
+}
+
+#[test]
+fn a_target_pinned_to_another_cpu_is_traced() {
+    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let cpu = (cpus - 1).to_string();
+    assert!(cpus > 1, "this test needs a CPU other than 0");
+    let ruby = Ruby::host();
+    let mut cmd = Command::new("taskset");
+    cmd.args(["-c", &cpu, &ruby.exe]).arg(ruby.script_path("syscalls.rb")).arg("stat");
+    let target = Target::start(&mut cmd);
+    let run = record(target.pid, &["-d", "2", "syscall", "enter_newfstatat"]);
+    assert!(run.success, "{}", run.stderr);
+    assert!(run.folded.of_thread(target.get("syscaller")).total() > 20, "{:?}", run.folded.stacks);
+}
+
+/// Starts count.rb with N, records enter_getppid until it exits, and returns
+/// the recording: it made exactly N getppid calls.
+fn count_run(n: u64, extra: &[&str]) -> (Folded, common::Run) {
+    let ruby = Ruby::host();
+    let mut cmd = ruby.command("count.rb", &[&n.to_string()]);
+    cmd.stdin(Stdio::piped());
+    let mut target = Target::start(&mut cmd);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = dir.path().join("count.folded");
+    let pid = target.pid.to_string();
+    let mut args = vec!["record", "-p", &pid, "--format", "folded", "-o", out.to_str().expect("utf8")];
+    args.extend_from_slice(extra);
+    args.extend_from_slice(&["syscall", "enter_getppid"]);
+    let mut child = Command::new(common::RPROF)
+        .args(&args)
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start rprof");
+    let mut stderr = std::io::BufReader::new(child.stderr.take().expect("stderr"));
+    let mut first = String::new();
+    std::io::BufRead::read_line(&mut stderr, &mut first).expect("rprof announces itself");
+    assert!(first.contains("recording"), "{first}");
+    // Attached: let the target make its calls.
+    let mut stdin = target.child.stdin.take().expect("stdin");
+    writeln!(stdin, "go").expect("send go");
+    let done = target.wait_line("done", Duration::from_secs(120));
+    assert_eq!(done, format!("done {n}"));
+    let status = child.wait().expect("rprof ends with the target");
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut stderr, &mut rest).expect("stderr");
+    assert!(status.success(), "{rest}");
+    let folded = Folded::parse(&std::fs::read_to_string(&out).expect("output"));
+    let run = common::Run { folded: Folded::default(), stderr: rest, success: true };
+    (folded, run)
+}
+
+#[test]
+fn every_event_is_counted_or_reported_lost() {
+    let n = 300_000;
+    let (folded, run) = count_run(n, &[]);
+    let recorded = folded.count(|f| f == "enter_getppid");
+    let lost = run.summary("lost");
+    assert_eq!(run.summary("events"), n, "{}", run.stderr);
+    assert_eq!(recorded + lost, n, "recorded {recorded} + lost {lost} != made {n}");
+    assert_eq!(lost, 0, "nothing should be lost at this rate: {}", run.stderr);
+    let in_loop = folded.count(|f| label(f) == "call_ppid");
+    assert!(in_loop as f64 >= 0.99 * n as f64, "{in_loop} of {n} events under call_ppid: {:?}", folded.stacks);
+}
+
+#[test]
+fn syscall_list_names_tracepoints() {
+    let out = rprof(&["record", "syscall", "--list"]);
+    assert!(out.status.success());
+    let list = String::from_utf8_lossy(&out.stdout);
+    assert!(list.lines().any(|l| l == "enter_getpid"), "{list}");
+    assert!(list.lines().any(|l| l == "exit_read"), "{list}");
+}
