@@ -21,9 +21,11 @@ const SUCC_BLOCK_SIZE: u64 = 80;
 
 #[derive(Debug)]
 struct IseqInfo {
+    type_: u32,
     label: String,
     path: String,
-    first_lineno: u32,
+    parent: u64,
+    local: u64,
     encoded: u64,
     size: u64,
     insns_body: u64,
@@ -37,7 +39,10 @@ pub struct Resolver {
     global_symbols: Option<u64>,
     iseqs: HashMap<u64, Option<Rc<IseqInfo>>>,
     lines: HashMap<(u64, u64), Option<u32>>,
-    methods: HashMap<u64, Option<String>>,
+    /// Label of a frame by (iseq or 0, method entry).
+    labels: HashMap<(u64, u64), Option<String>>,
+    /// Name of a class or module, and whether it is permanent (not anonymous).
+    class_names: HashMap<u64, Option<(String, bool)>>,
     /// Frames that could not be named (shown as `[unknown]`).
     pub unknown_frames: u64,
 }
@@ -50,7 +55,8 @@ impl Resolver {
             global_symbols: target.global_symbols,
             iseqs: HashMap::new(),
             lines: HashMap::new(),
-            methods: HashMap::new(),
+            labels: HashMap::new(),
+            class_names: HashMap::new(),
             unknown_frames: 0,
         }
     }
@@ -59,12 +65,13 @@ impl Resolver {
     pub fn new_epoch(&mut self) {
         self.iseqs.clear();
         self.lines.clear();
-        self.methods.clear();
+        self.labels.clear();
+        self.class_names.clear();
     }
 
     pub fn frame(&mut self, f: &types::rprof_frame) -> Frame {
         let resolved = if f.iseq != 0 {
-            self.ruby_frame(f.iseq, f.pc)
+            self.ruby_frame(f.iseq, f.pc, f.cme)
         } else {
             self.cfunc_frame(f.cme)
         };
@@ -74,7 +81,7 @@ impl Resolver {
         })
     }
 
-    fn ruby_frame(&mut self, iseq: u64, pc: u64) -> Option<Frame> {
+    fn ruby_frame(&mut self, iseq: u64, pc: u64, cme: u64) -> Option<Frame> {
         let info = self.iseq(iseq)?;
         let line = match self.lines.get(&(iseq, pc)) {
             Some(line) => *line,
@@ -84,16 +91,205 @@ impl Resolver {
                 line
             }
         }?;
-        Some(Frame::code(info.label.clone(), info.path.clone(), line))
+        let label = self.cached_label(iseq, cme)?;
+        Some(Frame::code(label, info.path.clone(), line))
     }
 
     fn cfunc_frame(&mut self, cme: u64) -> Option<Frame> {
-        if let Some(name) = self.methods.get(&cme) {
-            return name.clone().map(Frame::native);
+        self.cached_label(0, cme).map(Frame::native)
+    }
+
+    fn cached_label(&mut self, iseq: u64, cme: u64) -> Option<String> {
+        if let Some(label) = self.labels.get(&(iseq, cme)) {
+            return label.clone();
         }
-        let name = self.method_name(cme);
-        self.methods.insert(cme, name.clone());
-        name.map(Frame::native)
+        let label = if iseq == 0 {
+            self.cfunc_label(cme)
+        } else {
+            let owner = self.method_owner(cme);
+            self.iseq_label(owner, iseq, 0)
+        };
+        self.labels.insert((iseq, cme), label.clone());
+        label
+    }
+
+    /// The label Ruby 3.4 prints for a C method: `Integer#times`, `File.exist?`.
+    fn cfunc_label(&mut self, cme: u64) -> Option<String> {
+        let l = &self.layout.method_entry;
+        if !self.is_imemo(cme, self.layout.imemo.type_ment) {
+            return None;
+        }
+        let def = self.process.read_u64(cme + l.def as u64).ok()?;
+        if def == 0 {
+            return None;
+        }
+        let id = self.process.read_u64(def + l.def_original_id as u64).ok()?;
+        let name = self.id_name(id)?;
+        let owner = self.method_owner(cme);
+        Some(self.method_name(owner, &name))
+    }
+
+    /// The owner class of a method entry, if `cme` is one (a frame outside
+    /// any method has a cref there instead).
+    fn method_owner(&self, cme: u64) -> Option<u64> {
+        if !self.is_imemo(cme, self.layout.imemo.type_ment) {
+            return None;
+        }
+        self.process
+            .read_u64(cme + self.layout.method_entry.owner as u64)
+            .ok()
+            .filter(|&o| Self::is_object(o))
+    }
+
+    /// Ruby 3.4's calculate_iseq_label: methods qualified by their owner,
+    /// blocks named after the method they are in.
+    fn iseq_label(&mut self, owner: Option<u64>, iseq: u64, depth: u32) -> Option<String> {
+        let info = self.iseq(iseq)?;
+        let l = self.layout.iseq.clone();
+        let t = info.type_;
+        if depth > 64 {
+            return None;
+        }
+        if t == l.type_method {
+            Some(self.method_name(owner, &info.label))
+        } else if t == l.type_block || t == l.type_plain {
+            let mut level = 0;
+            let mut cur = iseq;
+            if info.parent != 0 {
+                let mut steps = 0;
+                while info.local != cur {
+                    let cur_info = self.iseq(cur)?;
+                    if cur_info.type_ == l.type_block {
+                        level += 1;
+                    }
+                    cur = cur_info.parent;
+                    steps += 1;
+                    if cur == 0 || steps > 256 {
+                        return None;
+                    }
+                }
+            }
+            let inner = self.iseq_label(owner, cur, depth + 1)?;
+            Some(if level <= 1 {
+                format!("block in {inner}")
+            } else {
+                format!("block ({level} levels) in {inner}")
+            })
+        } else if t == l.type_rescue || t == l.type_ensure || t == l.type_eval {
+            if info.parent == 0 {
+                return Some(info.label.clone());
+            }
+            self.iseq_label(owner, info.parent, depth + 1)
+        } else {
+            Some(info.label.clone())
+        }
+    }
+
+    /// rb_gen_method_name: `Owner#name`, `Owner.name` for singleton methods,
+    /// the bare name when the owner has no permanent name.
+    fn method_name(&mut self, owner: Option<u64>, name: &str) -> String {
+        let Some(owner) = owner else {
+            return name.to_string();
+        };
+        let v = &self.layout.value;
+        let Some(t) = self.builtin_type(owner) else {
+            return name.to_string();
+        };
+        if t != v.t_class && t != v.t_module {
+            return name.to_string();
+        }
+        let flags = self.process.read_u64(owner).unwrap_or(0);
+        if t == v.t_class && flags & v.fl_singleton != 0 {
+            let attached = self.attached_object(owner);
+            if let Some(obj) = attached {
+                let ot = self.builtin_type(obj);
+                if ot == Some(v.t_class) || ot == Some(v.t_module) {
+                    if let Some((path, true)) = self.class_name(obj) {
+                        return format!("{path}.{name}");
+                    }
+                }
+            }
+        } else if let Some((path, true)) = self.class_name(owner) {
+            return format!("{path}#{name}");
+        }
+        name.to_string()
+    }
+
+    /// A class's name, as Ruby's classname(): (path, permanent).
+    fn class_name(&mut self, klass: u64) -> Option<(String, bool)> {
+        if let Some(name) = self.class_names.get(&klass) {
+            return name.clone();
+        }
+        let name = self.read_class_name(klass);
+        self.class_names.insert(klass, name.clone());
+        name
+    }
+
+    fn read_class_name(&self, klass: u64) -> Option<(String, bool)> {
+        let c = &self.layout.class;
+        if let (Some(ext), Some(path_off)) = (c.ext_embedded, c.ext_classpath) {
+            let ext = klass + ext as u64;
+            let path = self.process.read_u64(ext + path_off as u64).ok()?;
+            let permanent = match (c.ext_permanent_classpath_byte, c.ext_permanent_classpath_mask) {
+                (Some(byte), Some(mask)) => {
+                    let mut b = [0u8; 1];
+                    self.process.read(ext + byte as u64, &mut b).ok()?;
+                    b[0] & mask != 0
+                }
+                _ => true,
+            };
+            return Some((self.rstring(path)?, permanent));
+        }
+        let ivars = self.class_ivars(klass)?;
+        if let Some((_, v)) = ivars.iter().find(|(k, _)| k == "__classpath__") {
+            return Some((self.rstring(*v)?, true));
+        }
+        let (_, v) = ivars.iter().find(|(k, _)| k == "__tmp_classpath__")?;
+        Some((self.rstring(*v)?, false))
+    }
+
+    /// The object a singleton class belongs to.
+    fn attached_object(&self, klass: u64) -> Option<u64> {
+        let c = &self.layout.class;
+        if let (Some(ext), Some(off)) = (c.ext_embedded, c.ext_attached_object) {
+            return self.process.read_u64(klass + ext as u64 + off as u64).ok();
+        }
+        let ivars = self.class_ivars(klass)?;
+        ivars.into_iter().find(|(k, _)| k == "__attached__").map(|(_, v)| v)
+    }
+
+    /// (name, value) of a class's ivars before 3.2: its classext's st_table.
+    fn class_ivars(&self, klass: u64) -> Option<Vec<(String, u64)>> {
+        let c = &self.layout.class;
+        let st = &self.layout.st_table;
+        let ext = self.process.read_u64(klass + c.ext_ptr? as u64).ok()?;
+        let tbl = self.process.read_u64(ext + c.ext_iv_tbl? as u64).ok()?;
+        if tbl == 0 {
+            return None;
+        }
+        let start = self.process.read_u64(tbl + st.entries_start as u64).ok()?;
+        let bound = self.process.read_u64(tbl + st.entries_bound as u64).ok()?;
+        let entries = self.process.read_u64(tbl + st.entries as u64).ok()?;
+        if bound < start || bound - start > 4096 {
+            return None;
+        }
+        let size = st.entry_size as u64;
+        let mut raw = vec![0u8; ((bound - start) * size) as usize];
+        self.process.read(entries + start * size, &mut raw).ok()?;
+        let word = |at: usize| u64::from_le_bytes(raw[at..at + 8].try_into().unwrap_or([0; 8]));
+        let mut out = Vec::new();
+        for i in 0..(bound - start) as usize {
+            let base = i * size as usize;
+            // A deleted entry has the reserved hash value (all ones).
+            if word(base + st.entry_hash as usize) == u64::MAX {
+                continue;
+            }
+            let key = word(base + st.entry_key as usize);
+            if let Some(name) = self.id_name(key) {
+                out.push((name, word(base + st.entry_record as usize)));
+            }
+        }
+        Some(out)
     }
 
     fn iseq(&mut self, iseq: u64) -> Option<Rc<IseqInfo>> {
@@ -148,15 +344,12 @@ impl Resolver {
                 .map(|b| u32::from_le_bytes(b.try_into().unwrap_or([0; 4])) as u64)
                 .unwrap_or(0)
         };
-        let first_lineno = if l.first_lineno_is_fixnum != 0 {
-            u64_at(l.first_lineno) >> 1
-        } else {
-            u32_at(l.first_lineno)
-        } as u32;
         Some(IseqInfo {
+            type_: u32_at(l.type_) as u32,
             label: self.rstring(u64_at(l.label))?,
             path: self.path_of(u64_at(l.pathobj))?,
-            first_lineno,
+            parent: u64_at(l.parent_iseq),
+            local: u64_at(l.local_iseq),
             encoded: u64_at(l.iseq_encoded),
             size: u32_at(l.iseq_size),
             insns_body: u64_at(l.insns_info_body),
@@ -267,20 +460,6 @@ impl Resolver {
         let bits = word(16 + 8 * j as usize);
         let pop = (bits << (63 - bit % 64)).count_ones() as u64;
         Some(rank + small + pop)
-    }
-
-    /// The name of a C method from its callable method entry.
-    fn method_name(&self, cme: u64) -> Option<String> {
-        let l = &self.layout.method_entry;
-        if !self.is_imemo(cme, self.layout.imemo.type_ment) {
-            return None;
-        }
-        let def = self.process.read_u64(cme + l.def as u64).ok()?;
-        if def == 0 {
-            return None;
-        }
-        let id = self.process.read_u64(def + l.def_original_id as u64).ok()?;
-        self.id_name(id)
     }
 
     /// rb_id2str: an ID's name from the global symbol table.

@@ -71,6 +71,7 @@ pub struct Iseq {
     pub type_ensure: u32,
     pub type_eval: u32,
     pub type_main: u32,
+    pub type_plain: u32,
 }
 
 /// `rb_method_entry_t` / `rb_callable_method_entry_t` and its definition.
@@ -147,6 +148,35 @@ pub struct Value {
     pub fl_singleton: u64,
 }
 
+/// Where a class keeps its name and, for a singleton class, its object.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Class {
+    /// Before 3.2: offset of the `rb_classext_t *` in `struct RClass` ...
+    pub ext_ptr: Option<u32>,
+    /// ... and of the ivar table in it, where `__classpath__`, `__tmp_classpath__`
+    /// and `__attached__` are stored.
+    pub ext_iv_tbl: Option<u32>,
+    /// From 3.3: `rb_classext_t` sits right after `struct RClass`, here ...
+    pub ext_embedded: Option<u32>,
+    /// ... holding these fields.
+    pub ext_classpath: Option<u32>,
+    pub ext_attached_object: Option<u32>,
+    pub ext_permanent_classpath_byte: Option<u32>,
+    pub ext_permanent_classpath_mask: Option<u8>,
+}
+
+/// `st_table` and its entries.
+#[derive(Debug, Clone, Deserialize)]
+pub struct StTable {
+    pub entries_start: u32,
+    pub entries_bound: u32,
+    pub entries: u32,
+    pub entry_size: u32,
+    pub entry_hash: u32,
+    pub entry_key: u32,
+    pub entry_record: u32,
+}
+
 /// The global symbol table (`ruby_global_symbols`, `rb_symbols_t`).
 #[derive(Debug, Clone, Deserialize)]
 pub struct Symbols {
@@ -172,6 +202,8 @@ pub struct Layout {
     pub string: RString,
     pub array: RArray,
     pub value: Value,
+    pub class: Class,
+    pub st_table: StTable,
     pub symbols: Symbols,
 }
 

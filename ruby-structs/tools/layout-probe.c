@@ -14,12 +14,14 @@
 #include "internal.h"
 #else
 #include "internal/imemo.h"
+#include "internal/class.h"
 #endif
 #include "id.h"
 #include "symbol.h"
 #include "version.h"
 #include <stddef.h>
 #include <stdio.h>
+#include <string.h>
 
 #define STR_(x) #x
 #define STR(x) STR_(x)
@@ -87,6 +89,7 @@ int main(void)
     P("type_ensure", ISEQ_TYPE_ENSURE);
     P("type_eval", ISEQ_TYPE_EVAL);
     P("type_main", ISEQ_TYPE_MAIN);
+    P("type_plain", ISEQ_TYPE_PLAIN);
 
     printf("\n[method_entry]\n");
     P("flags", OFF(rb_method_entry_t, flags));
@@ -151,6 +154,40 @@ int main(void)
     P("t_iclass", RUBY_T_ICLASS);
     P("t_imemo", RUBY_T_IMEMO);
     P("fl_singleton", RUBY_FL_SINGLETON);
+
+    printf("\n[class]\n");
+#if RUBY_VER >= 303
+    /* rb_classext_t follows struct RClass in the same slot. */
+    P("ext_embedded", sizeof(struct RClass));
+    P("ext_classpath", offsetof(rb_classext_t, classpath));
+    P("ext_attached_object", offsetof(rb_classext_t, as.singleton_class.attached_object));
+    {
+        /* permanent_classpath is a bitfield: find its byte and bit. */
+        rb_classext_t ext;
+        unsigned char *bytes = (unsigned char *)&ext;
+        memset(&ext, 0, sizeof(ext));
+        ext.permanent_classpath = 1;
+        for (size_t i = 0; i < sizeof(ext); i++) {
+            if (bytes[i]) {
+                P("ext_permanent_classpath_byte", i);
+                P("ext_permanent_classpath_mask", bytes[i]);
+            }
+        }
+    }
+#else
+    /* rb_classext_t is behind a pointer; names live in its ivar st_table. */
+    P("ext_ptr", offsetof(struct RClass, ptr));
+    P("ext_iv_tbl", offsetof(rb_classext_t, iv_tbl));
+#endif
+
+    printf("\n[st_table]\n");
+    P("entries_start", offsetof(st_table, entries_start));
+    P("entries_bound", offsetof(st_table, entries_bound));
+    P("entries", offsetof(st_table, entries));
+    P("entry_size", 3 * sizeof(st_data_t));
+    P("entry_hash", 0);
+    P("entry_key", sizeof(st_data_t));
+    P("entry_record", 2 * sizeof(st_data_t));
 
     printf("\n[symbols]\n");
     P("last_op_id", tLAST_OP_ID);
