@@ -45,6 +45,14 @@ struct {
 	__type(value, struct rprof_proc);
 } procs SEC(".maps");
 
+/* Native thread -> rb_thread_t, for RPROF_EC_THREAD_MAP processes. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, struct rprof_thread_key);
+	__type(value, __u64);
+} threads SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
 	__uint(max_entries, 8 << 20); /* resized by userspace */
@@ -224,7 +232,7 @@ static long walk_frame(__u32 i, struct walk_ctx *w)
 	return 0;
 }
 
-static __always_inline int read_ec(struct rprof_proc *p, __u64 tp, __u64 *ec)
+static __always_inline int read_ec(struct rprof_proc *p, __u32 pid, __u64 tp, __u64 *ec)
 {
 	__u64 addr;
 
@@ -248,6 +256,17 @@ static __always_inline int read_ec(struct rprof_proc *p, __u64 tp, __u64 *ec)
 			return 0;
 		}
 		addr = block + p->ec_addr;
+		break;
+	}
+	case RPROF_EC_THREAD_MAP: {
+		struct rprof_thread_key key = { .pid = pid, .tp = tp };
+		__u64 *th = bpf_map_lookup_elem(&threads, &key);
+
+		if (!th) { /* not a Ruby thread, or one userspace has not seen yet */
+			*ec = 0;
+			return 0;
+		}
+		addr = *th + p->ec_addr;
 		break;
 	}
 	default:
@@ -404,7 +423,7 @@ static __always_inline int on_event(__u32 event)
 
 	w.s = s;
 	w.p = p;
-	if (read_ec(p, tp, &ec)) {
+	if (read_ec(p, tgid, tp, &ec)) {
 		s->hdr.flags |= RPROF_SAMPLE_READ_FAILED;
 	} else if (!ec) {
 		s->hdr.flags |= RPROF_SAMPLE_NO_EC;

@@ -25,6 +25,17 @@ enum rprof_ec_access {
 	RPROF_EC_TLS_DTV = 1,
 	/* ec = *(tp + (s64)ec_addr): static TLS (initial or local exec). */
 	RPROF_EC_TLS_TPOFF = 2,
+	/* ec = *(th + ec_addr), th = threads[{pid, tp}]: Ruby < 3.0, whose one
+	 * global EC is the GVL holder's; userspace maps each native thread to its
+	 * rb_thread_t from the VM's thread list. */
+	RPROF_EC_THREAD_MAP = 3,
+};
+
+/* Key of the `threads` map: a native thread of a target process. */
+struct rprof_thread_key {
+	__u32 pid;
+	__u32 pad;
+	__u64 tp; /* thread pointer: pthread_self() */
 };
 
 /* Per-process recipe, written by userspace into the `procs` map (key: tgid). */

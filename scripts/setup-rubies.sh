@@ -61,7 +61,8 @@ SRC
     (cd "$work" && apt-get source -qq --download-only ruby3.1 >/dev/null 2>&1 && tar xf ruby3.1_*.orig.tar.*)
     src=$(find "$work" -maxdepth 1 -type d -name 'ruby-3.1*' | head -1)
     (cd "$src" && ./configure --prefix="$prefix" --disable-shared --disable-install-doc >"$work/configure.log" 2>&1 \
-        && make -j"$(nproc)" >"$work/make.log" 2>&1 && make install >"$work/install.log" 2>&1) \
+        && make -j"$(nproc)" >"$work/make.log" 2>&1 \
+        && make install HAVE_BASERUBY=no >"$work/install.log" 2>&1) \
         || { tail -30 "$work"/*.log >&2; exit 1; }
     rm -rf "$work"
     touch "$prefix/.rprof-ready"

@@ -29,6 +29,7 @@ unsafe impl plain::Plain for types::rprof_sample_header {}
 unsafe impl plain::Plain for types::rprof_frame {}
 unsafe impl plain::Plain for types::rprof_count_key {}
 unsafe impl plain::Plain for types::rprof_stack_count {}
+unsafe impl plain::Plain for types::rprof_thread_key {}
 
 /// One stack record sent by the BPF program.
 #[derive(Debug, Clone)]
@@ -124,7 +125,32 @@ impl Probe {
             .with_context(|| format!("registering process {pid} with the BPF program"))
     }
 
+    /// Replaces the native thread -> rb_thread_t entries of process `pid`.
+    pub fn set_threads(&mut self, pid: u32, threads: &[(u64, u64)]) -> Result<()> {
+        let map = &self.skel.maps.threads;
+        let wanted: Vec<Vec<u8>> = threads
+            .iter()
+            .map(|&(tp, _)| {
+                let key = types::rprof_thread_key { pid, pad: 0, tp };
+                // SAFETY: rprof_thread_key is Plain.
+                unsafe { plain::as_bytes(&key) }.to_vec()
+            })
+            .collect();
+        for key in map.keys() {
+            let mut k = types::rprof_thread_key::default();
+            if plain::copy_from_bytes(&mut k, &key).is_ok() && k.pid == pid && !wanted.contains(&key) {
+                let _ = map.delete(&key);
+            }
+        }
+        for (key, &(_, th)) in wanted.iter().zip(threads) {
+            map.update(key, &th.to_ne_bytes(), MapFlags::ANY)
+                .context("registering a Ruby thread with the BPF program")?;
+        }
+        Ok(())
+    }
+
     pub fn remove_process(&mut self, pid: u32) {
+        let _ = self.set_threads(pid, &[]);
         let _ = self.skel.maps.procs.delete(&pid.to_ne_bytes());
     }
 

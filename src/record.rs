@@ -88,6 +88,7 @@ pub fn record(cfg: RecordConfig) -> Result<()> {
         }
     };
     let pid = target.process.pid;
+    probe.set_threads(pid, &target.ruby_threads()?)?;
     probe.add_process(pid, &target.recipe())?;
 
     let event_names: Vec<String> = match &cfg.event {
@@ -136,6 +137,10 @@ pub fn record(cfg: RecordConfig) -> Result<()> {
         }
         if epoch_started.elapsed() >= EPOCH {
             collector.close_epoch(&mut probe)?;
+            // Threads come and go; a dead target's list is simply not read.
+            if let Ok(threads) = target.ruby_threads() {
+                probe.set_threads(pid, &threads)?;
+            }
             epoch_started = Instant::now();
         }
     }

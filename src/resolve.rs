@@ -26,6 +26,7 @@ struct IseqInfo {
     path: String,
     parent: u64,
     local: u64,
+    first_lineno: u32,
     encoded: u64,
     size: u64,
     insns_body: u64,
@@ -344,7 +345,13 @@ impl Resolver {
                 .map(|b| u32::from_le_bytes(b.try_into().unwrap_or([0; 4])) as u64)
                 .unwrap_or(0)
         };
+        let first_lineno = if l.first_lineno_is_fixnum != 0 {
+            u64_at(l.first_lineno) >> 1
+        } else {
+            u32_at(l.first_lineno)
+        } as u32;
         Some(IseqInfo {
+            first_lineno,
             type_: u32_at(l.type_) as u32,
             label: self.rstring(u64_at(l.label))?,
             path: self.path_of(u64_at(l.pathobj))?,
@@ -435,7 +442,12 @@ impl Resolver {
         };
         let l = &self.layout.iseq;
         let entry = info.insns_body + index * l.insn_info_entry_size as u64 + l.insn_info_line_no as u64;
-        self.process.read_u32(entry).ok()
+        match self.process.read_u32(entry).ok()? {
+            // A frame pushed but not started sits on a line-0 bookkeeping
+            // instruction in some versions: it is at the start of its code.
+            0 => Some(info.first_lineno),
+            line => Some(line),
+        }
     }
 
     /// Ruby's succinct bit vector lookup (iseq.c succ_index_lookup).

@@ -16,8 +16,12 @@ use crate::process::{Mapping, Process};
 /// How a thread's execution context is found from its thread pointer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum EcAccess {
-    /// A global holding the EC of the thread that holds the GVL (Ruby < 3.0).
+    /// A global holding the EC of the thread that holds the GVL (Ruby < 3.0,
+    /// when the VM's thread list cannot be used).
     Global { addr: u64 },
+    /// Ruby < 3.0: `th->ec` of the rb_thread_t running on this native thread,
+    /// found through the VM's thread list (`vm_ptr` holds the VM's address).
+    ThreadMap { vm_ptr: u64 },
     /// `dtv[module].val + offset`: dynamic TLS (PIC libruby).
     TlsDtv { module: u64, offset: u64 },
     /// `tp + offset`: static TLS (initial exec, or local exec in a static ruby).
@@ -59,7 +63,7 @@ impl RubyTarget {
             None => version,
         };
         let layout = ruby_structs::layout_for(layout_version).map_err(UserError::from)?;
-        let ec_access = find_ec_access(&process, &image, bias, version)
+        let ec_access = find_ec_access(&process, &image, bias, version, &layout)
             .with_context(|| format!("finding how threads of Ruby {version} reach their execution context"))?;
         let global_symbols = find_global_symbols(&process, &image, bias, &layout);
         Ok(Self {
@@ -78,11 +82,41 @@ impl RubyTarget {
         !matches!(self.ec_access, EcAccess::TlsDtv { module: 0, .. })
     }
 
+    /// For Rubies without a thread-local EC: (thread pointer, rb_thread_t) of
+    /// every living Ruby thread, from the VM's thread list. Empty otherwise.
+    pub fn ruby_threads(&self) -> Result<Vec<(u64, u64)>> {
+        let EcAccess::ThreadMap { vm_ptr } = self.ec_access else {
+            return Ok(Vec::new());
+        };
+        let t = &self.layout.thread;
+        let (Some(list_off), Some(node_off)) = (t.vm_living_threads, t.living_threads_node) else {
+            return Ok(Vec::new());
+        };
+        let p = &self.process;
+        let vm = p.read_u64(vm_ptr).context("reading ruby_current_vm_ptr")?;
+        if vm == 0 {
+            return Ok(Vec::new());
+        }
+        let head = vm + list_off as u64;
+        let mut node = p.read_u64(head).context("reading the VM's thread list")?;
+        let mut out = Vec::new();
+        // A circular list: the head's own node ends it. Bounded against a list
+        // caught mid-update.
+        while node != head && node != 0 && out.len() < 100_000 {
+            let th = node - node_off as u64;
+            let tp = p.read_u64(th + t.native_thread_id as u64).context("reading a thread's id")?;
+            out.push((tp, th));
+            node = p.read_u64(node).context("walking the VM's thread list")?;
+        }
+        Ok(out)
+    }
+
     /// The recipe the BPF program follows for this process.
     pub fn recipe(&self) -> types::rprof_proc {
         let l = &self.layout;
         let (ec_access, ec_addr, tls_module) = match self.ec_access {
             EcAccess::Global { addr } => (types::rprof_ec_access::RPROF_EC_GLOBAL, addr, 0),
+            EcAccess::ThreadMap { .. } => (types::rprof_ec_access::RPROF_EC_THREAD_MAP, l.thread.ec as u64, 0),
             EcAccess::TlsDtv { module, offset } => (types::rprof_ec_access::RPROF_EC_TLS_DTV, offset, module),
             EcAccess::TlsTpOffset { offset } => (types::rprof_ec_access::RPROF_EC_TLS_TPOFF, offset as u64, 0),
         };
@@ -154,8 +188,17 @@ fn file_name(path: &str) -> &str {
     path.rsplit('/').next().unwrap_or(path)
 }
 
-fn find_ec_access(process: &Process, image: &ElfImage, bias: u64, version: RubyVersion) -> Result<EcAccess> {
+fn find_ec_access(
+    process: &Process,
+    image: &ElfImage,
+    bias: u64,
+    version: RubyVersion,
+    layout: &Layout,
+) -> Result<EcAccess> {
     if version.major < 3 {
+        if let (Some(vm), Some(_)) = (image.symbol("ruby_current_vm_ptr"), layout.thread.vm_living_threads) {
+            return Ok(EcAccess::ThreadMap { vm_ptr: bias + vm.value });
+        }
         let sym = image
             .symbol("ruby_current_execution_context_ptr")
             .context("no ruby_current_execution_context_ptr symbol")?;

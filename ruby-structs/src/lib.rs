@@ -28,6 +28,10 @@ pub struct Thread {
     /// where the pthread id sits in `rb_thread_t` itself.
     pub native_thread: Option<u32>,
     pub native_thread_id: u32,
+    /// Before 3.0 (no thread-local EC): offset of the thread list in
+    /// `rb_vm_t`, and of the list node in `rb_thread_t`.
+    pub vm_living_threads: Option<u32>,
+    pub living_threads_node: Option<u32>,
 }
 
 /// `rb_control_frame_t`.

@@ -53,6 +53,12 @@ int main(void)
 #else
     P("native_thread_id", OFF(rb_thread_t, thread_id));
 #endif
+#if RUBY_VER < 300
+    /* One EC pointer for the whole VM: rprof maps native threads to their
+     * rb_thread_t through the VM's thread list instead. */
+    P("vm_living_threads", OFF(rb_vm_t, living_threads));
+    P("living_threads_node", OFF(rb_thread_t, vmlt_node));
+#endif
 
     printf("\n[control_frame]\n");
     P("size", SZ(rb_control_frame_t));

@@ -40,11 +40,12 @@ impl Ruby {
         Ruby { name: "3.1".into(), root: None, exe: "ruby".into() }
     }
 
-    /// Every Ruby the suite covers; a missing one fails loudly (run
-    /// scripts/setup-rubies.sh, which `make test` does).
-    pub fn all() -> Vec<Ruby> {
+    /// A Ruby the suite covers, by name: "2.7", "3.1", "3.1-static", "3.3",
+    /// "3.4". A missing one fails loudly (run scripts/setup-rubies.sh, which
+    /// `make test` does): no test is skipped for want of a Ruby.
+    pub fn named(name: &str) -> Ruby {
         let cache = cache_dir();
-        let chroot = |name: &str, exe: &str| {
+        let chroot = |exe: &str| {
             let root = cache.join(format!("chroot-{name}"));
             assert!(
                 root.join(".rprof-ready").exists(),
@@ -53,15 +54,17 @@ impl Ruby {
             );
             Ruby { name: name.into(), root: Some(root), exe: exe.into() }
         };
-        let static_exe = cache.join("ruby-3.1-static/bin/ruby");
-        assert!(static_exe.exists(), "static Ruby missing at {}: run scripts/setup-rubies.sh static", static_exe.display());
-        vec![
-            chroot("2.7", "ruby"),
-            Ruby::host(),
-            Ruby { name: "3.1-static".into(), root: None, exe: static_exe.display().to_string() },
-            chroot("3.3", "ruby"),
-            chroot("3.4", "ruby3.4"),
-        ]
+        match name {
+            "3.1" => Ruby::host(),
+            "3.1-static" => {
+                let exe = cache.join("ruby-3.1-static/bin/ruby");
+                assert!(exe.exists(), "static Ruby missing at {}: run scripts/setup-rubies.sh static", exe.display());
+                Ruby { name: name.into(), root: None, exe: exe.display().to_string() }
+            }
+            "2.7" | "3.3" => chroot("ruby"),
+            "3.4" => chroot("ruby3.4"),
+            other => panic!("no Ruby named {other}"),
+        }
     }
 
     /// The path of a test script as this Ruby sees it (copied into the chroot).
@@ -105,6 +108,8 @@ pub struct Target {
     pub pid: u32,
     /// The words after "ready" on its ready line, as key=value pairs.
     pub info: BTreeMap<String, String>,
+    /// What it printed before its ready line.
+    pub before_ready: Vec<String>,
     lines: mpsc::Receiver<String>,
 }
 
@@ -125,7 +130,7 @@ impl Target {
             }
         });
         let pid = child.id();
-        let mut target = Target { child, pid, info: BTreeMap::new(), lines: rx };
+        let mut target = Target { child, pid, info: BTreeMap::new(), before_ready: Vec::new(), lines: rx };
         let ready = target.wait_line("ready", Duration::from_secs(60));
         target.info = ready
             .split_whitespace()
@@ -140,7 +145,7 @@ impl Target {
         loop {
             match self.lines.recv_timeout(timeout) {
                 Ok(line) if line.starts_with(prefix) => return line,
-                Ok(_) => continue,
+                Ok(line) => self.before_ready.push(line),
                 Err(_) => {
                     let status = self.child.try_wait();
                     panic!("target {} printed no line starting with {prefix:?} in {timeout:?} (status {status:?})", self.pid)
@@ -202,9 +207,13 @@ impl Folded {
     }
 }
 
-/// A frame's label: "label (path:line)" -> "label".
+/// A frame's label: "label (path:line)" -> "label" (labels may hold
+/// parentheses themselves: "block (2 levels) in x (a.rb:3)").
 pub fn label(frame: &str) -> &str {
-    frame.split(" (").next().unwrap_or(frame)
+    match frame.strip_suffix(')').and_then(|f| f.rsplit_once(" (")) {
+        Some((l, loc)) if loc.contains(':') => l,
+        _ => frame,
+    }
 }
 
 /// A frame's line number, if it has one.

@@ -10,7 +10,8 @@ def alpha_work
 end
 
 def alpha_loop
-  loop { alpha_work }
+  # Let beta take the GVL now and then: it hands it back while deflating.
+  loop { alpha_work; Thread.pass }
 end
 
 def beta_work(data)
@@ -22,9 +23,12 @@ def beta_loop
   loop { beta_work(data) }
 end
 
-alpha = Thread.new { Thread.current.name = "alpha"; alpha_loop }
-beta = Thread.new { Thread.current.name = "beta"; beta_loop }
-sleep 0.1 until alpha.native_thread_id && beta.native_thread_id
-$stdout.puts "ready alpha=#{alpha.native_thread_id} beta=#{beta.native_thread_id} main=#{Thread.main.native_thread_id}"
+named = Queue.new
+alpha = Thread.new { Thread.current.name = "alpha"; named << 1; alpha_loop }
+beta = Thread.new { Thread.current.name = "beta"; named << 1; beta_loop }
+2.times { named.pop }
+# Thread#native_thread_id exists from Ruby 3.1; the test falls back to names.
+tid = ->(t) { t.respond_to?(:native_thread_id) ? t.native_thread_id : "?" }
+$stdout.puts "ready alpha=#{tid[alpha]} beta=#{tid[beta]} main=#{tid[Thread.main]}"
 $stdout.flush
 [alpha, beta].each(&:join)

@@ -1,0 +1,289 @@
+//! The same Ruby programs, with the same assertions, on every supported Ruby:
+//! 2.7, 3.1 (Debian's shared libruby and a static build), 3.3 and 3.4 (in
+//! Debian chroots, so their files live in another root, as in a container).
+//! Frames must be named as Ruby 3.4 names them, with the running line.
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use common::{label, line, record, Folded, Ruby, Run};
+
+fn ruby(name: &str) -> Ruby {
+    Ruby::named(name)
+}
+
+/// `# HOT <label>` tags of frames.rb: label -> line.
+fn hot_lines() -> BTreeMap<String, u32> {
+    let src = std::fs::read_to_string(common::scripts_dir().join("frames.rb")).expect("frames.rb");
+    src.lines()
+        .enumerate()
+        .filter_map(|(i, l)| l.split_once("# HOT ").map(|(_, tag)| (tag.trim().to_string(), i as u32 + 1)))
+        .collect()
+}
+
+/// The last frame of a stack that has a source location (the running Ruby code).
+fn ruby_leaf(stack: &[String]) -> Option<&String> {
+    stack.iter().rev().find(|f| line(f).is_some())
+}
+
+fn record_phase(r: &Ruby, phase: &str, seconds: &str) -> Run {
+    let target = r.spawn("frames.rb", &[phase]);
+    let run = record(target.pid, &["-d", seconds, "-F", "499"]);
+    assert!(run.success, "Ruby {}: {}", r.name, run.stderr);
+    assert_eq!(run.summary("failed"), 0, "Ruby {}: {}", r.name, run.stderr);
+    run
+}
+
+fn check_lines(r: &Ruby) {
+    let run = record_phase(r, "lines", "4");
+    for (tag, hot) in hot_lines() {
+        if tag == "level3" {
+            continue;
+        }
+        let mut at_line = 0;
+        let mut total = 0;
+        for (stack, n) in &run.folded.stacks {
+            let Some(leaf) = ruby_leaf(stack) else { continue };
+            if label(leaf) == tag {
+                total += n;
+                if line(leaf) == Some(hot) {
+                    at_line += n;
+                }
+            }
+        }
+        assert!(total >= 20, "Ruby {}: only {total} samples in {tag:?}: {:#?}", r.name, labels_seen(&run.folded));
+        let share = at_line as f64 / total as f64;
+        assert!(share >= 0.95, "Ruby {}: {tag} at line {hot} in {:.1}% of {total} samples", r.name, share * 100.0);
+    }
+}
+
+fn labels_seen(folded: &Folded) -> Vec<String> {
+    let mut all: Vec<String> = folded.stacks.iter().flat_map(|(s, _)| s.iter().map(|f| label(f).to_string())).collect();
+    all.sort();
+    all.dedup();
+    all
+}
+
+fn check_cfuncs(r: &Ruby) {
+    let run = record_phase(r, "cfuncs", "3");
+    let seen = labels_seen(&run.folded);
+    for want in ["Array#sort", "Integer#times", "Kernel#loop", "IO#write", "Object#cfuncs"] {
+        assert!(seen.iter().any(|s| s == want), "Ruby {}: no {want} frame in {seen:?}", r.name);
+    }
+    assert!(!seen.iter().any(|s| s.contains("unknown")), "Ruby {}: unnamed frames in {seen:?}", r.name);
+    // Array#sort is C on every version: a frame without a source line.
+    for (stack, _) in &run.folded.stacks {
+        for f in stack.iter().filter(|f| label(f) == "Array#sort") {
+            assert_eq!(f, "Array#sort", "Ruby {}: a C method has no line of its own", r.name);
+        }
+    }
+}
+
+fn check_eval(r: &Ruby) {
+    let run = record_phase(r, "eval", "2");
+    let mut in_eval = 0;
+    for (stack, n) in &run.folded.stacks {
+        let Some(leaf) = ruby_leaf(stack) else { continue };
+        let path = leaf.rsplit_once(" (").map(|(_, p)| p).unwrap_or("");
+        assert!(path.starts_with("(eval"), "Ruby {}: eval'd code at {leaf:?}", r.name);
+        assert_eq!(line(leaf), Some(2), "Ruby {}: {leaf}", r.name);
+        assert_eq!(label(leaf), "Object#eval_loop", "Ruby {}: {leaf}", r.name);
+        assert!(stack.iter().any(|f| f == "Kernel#eval"), "Ruby {}: {stack:?}", r.name);
+        in_eval += n;
+    }
+    assert!(in_eval > 100, "Ruby {}: {:?}", r.name, run.folded.stacks);
+}
+
+fn check_dash_e(r: &Ruby) {
+    let mut cmd = match &r.root {
+        None => std::process::Command::new(&r.exe),
+        Some(root) => {
+            let mut c = std::process::Command::new("chroot");
+            c.arg(root).arg(&r.exe);
+            c
+        }
+    };
+    cmd.args(["-e", "$stdout.puts 'ready'; $stdout.flush\nx = 0\nx += 1 while true"]);
+    let target = common::Target::start(&mut cmd);
+    let run = record(target.pid, &["-d", "1", "-F", "499"]);
+    assert!(run.success, "{}", run.stderr);
+    let leaves: Vec<&String> = run.folded.stacks.iter().filter_map(|(s, _)| ruby_leaf(s)).collect();
+    assert!(!leaves.is_empty(), "Ruby {}: no samples", r.name);
+    for leaf in leaves {
+        assert_eq!(leaf, "<main> (-e:3)", "Ruby {}", r.name);
+    }
+}
+
+/// `Owner#name` / `Owner.name` -> `name`, for comparing with Rubies before 3.4.
+fn unqualified(label: &str) -> String {
+    let (prefix, last) = match label.rsplit_once(' ') {
+        Some((p, l)) => (format!("{p} "), l),
+        None => (String::new(), label),
+    };
+    let name = last.rsplit_once('#').map(|(_, n)| n).unwrap_or(last);
+    let name = match name.rsplit_once('.') {
+        Some((owner, n)) if owner.chars().next().is_some_and(|c| c.is_ascii_uppercase()) => n,
+        _ => name,
+    };
+    format!("{prefix}{name}")
+}
+
+fn check_callers(r: &Ruby) {
+    let target = r.spawn("frames.rb", &["callers"]);
+    // frames.rb printed Ruby's own view of this stack before "ready": path|line|label.
+    let ruby_view: Vec<(String, u32, String)> = target
+        .before_ready
+        .iter()
+        .filter_map(|l| l.strip_prefix("frame "))
+        .map(|l| {
+            let mut it = l.splitn(3, '|');
+            let path = it.next().unwrap_or("").to_string();
+            let lineno = it.next().and_then(|n| n.parse().ok()).unwrap_or(0);
+            (path, lineno, it.next().unwrap_or("").to_string())
+        })
+        .collect();
+    assert!(ruby_view.len() >= 4, "Ruby {}: {:?}", r.name, target.before_ready);
+    let run = record(target.pid, &["-d", "2", "-F", "499"]);
+    assert!(run.success, "{}", run.stderr);
+    let mut checked = 0;
+    for (stack, n) in &run.folded.stacks {
+        if ruby_leaf(stack).map(|f| label(f)) != Some("Object#level3") {
+            continue;
+        }
+        let ours: Vec<&String> = stack[1..].iter().rev().collect(); // leaf first, like caller_locations
+        assert_eq!(ours.len(), ruby_view.len(), "Ruby {}: ours {ours:?} vs Ruby's {ruby_view:?}", r.name);
+        for (i, (mine, (path, lineno, ruby_label))) in ours.iter().zip(&ruby_view).enumerate() {
+            if r.name == "3.4" {
+                assert_eq!(label(mine), ruby_label, "Ruby 3.4 labels, frame {i}");
+            } else {
+                assert_eq!(unqualified(label(mine)), *ruby_label, "Ruby {} frame {i}: {mine}", r.name);
+            }
+            match line(mine) {
+                // The leaf runs its hot line; callers are where Ruby said they were.
+                Some(l) if i == 0 => assert_eq!(l, hot_lines()["level3"], "Ruby {}: {mine}", r.name),
+                Some(l) => {
+                    assert_eq!(l, *lineno, "Ruby {} frame {i}: {mine} vs {path}:{lineno}", r.name);
+                    assert!(mine.contains(path.as_str()), "Ruby {}: {mine} vs {path}", r.name);
+                }
+                None => {} // C frame: Ruby prints the caller's location, rprof none
+            }
+        }
+        checked += n;
+    }
+    assert!(checked > 100, "Ruby {}: {checked} samples in level3: {:?}", r.name, run.folded.stacks);
+}
+
+fn check_churn(r: &Ruby) {
+    let run = record_phase(r, "churn", "4");
+    let src = std::fs::read_to_string(common::scripts_dir().join("frames.rb")).expect("frames.rb");
+    let defs = method_ranges(&src);
+    let mut named = 0;
+    for (stack, n) in &run.folded.stacks {
+        for f in &stack[1..] {
+            let (Some(l), lbl) = (line(f), label(f)) else { continue };
+            // Code of frames.rb itself (eval'd methods live in "(eval ...)").
+            if !f.contains("/frames.rb:") || f.contains("(eval") {
+                continue;
+            }
+            let method = unqualified(lbl).rsplit(' ').next().unwrap_or("").to_string();
+            if method == "<main>" {
+                continue;
+            }
+            let Some(&(start, end)) = defs.get(&method) else {
+                panic!("Ruby {}: frame {f:?} names a method frames.rb does not define", r.name)
+            };
+            assert!((start..=end).contains(&l), "Ruby {}: {f} is outside {method} ({start}..{end})", r.name);
+            named += n;
+        }
+    }
+    assert!(named > 100, "Ruby {}: {:?}", r.name, run.folded.stacks);
+}
+
+/// method name -> (def line, end line) of the top-level and nested `def`s in `src`.
+fn method_ranges(src: &str) -> BTreeMap<String, (u32, u32)> {
+    let lines: Vec<&str> = src.lines().collect();
+    let mut out = BTreeMap::new();
+    for (i, l) in lines.iter().enumerate() {
+        let t = l.trim_start();
+        let Some(rest) = t.strip_prefix("def ") else { continue };
+        let indent = l.len() - t.len();
+        let name = rest.trim_start_matches("self.").split(['(', ';', ' ']).next().unwrap_or("").to_string();
+        let end = lines[i + 1..]
+            .iter()
+            .position(|e| e.len() - e.trim_start().len() == indent && e.trim() == "end")
+            .map(|j| i + 1 + j)
+            .unwrap_or(i);
+        out.insert(name, (i as u32 + 1, end as u32 + 1));
+    }
+    out
+}
+
+fn check_deep(r: &Ruby) {
+    let target = r.spawn("deep.rb", &["1500"]);
+    let run = record(target.pid, &["-d", "2", "-F", "199"]);
+    assert!(run.success, "{}", run.stderr);
+    let depths: Vec<usize> = run
+        .folded
+        .stacks
+        .iter()
+        .filter(|(s, _)| s.last().is_some_and(|f| label(f) == "Object#spin"))
+        .map(|(s, _)| s.iter().filter(|f| label(f) == "Object#descend").count())
+        .collect();
+    assert!(!depths.is_empty(), "Ruby {}: {:?}", r.name, run.folded.stacks.first());
+    assert!(depths.iter().all(|&d| d == 1501), "Ruby {}: depths {depths:?}", r.name);
+}
+
+fn check_threads(r: &Ruby) {
+    let target = r.spawn("threads.rb", &[]);
+    let run = record(target.pid, &["-d", "3", "-F", "499"]);
+    assert!(run.success, "{}", run.stderr);
+    let mut alpha = 0;
+    let mut beta = 0;
+    let mut beta_unknown = 0;
+    for (stack, n) in &run.folded.stacks {
+        let has_alpha = stack.iter().any(|f| label(f).contains("alpha_"));
+        let has_beta = stack.iter().any(|f| label(f).contains("beta_"));
+        assert!(!(has_alpha && has_beta), "Ruby {}: {stack:?}", r.name);
+        if has_alpha {
+            assert!(stack[0].starts_with("alpha ["), "Ruby {}: alpha's code under {}", r.name, stack[0]);
+            alpha += n;
+        }
+        if has_beta {
+            assert!(stack[0].starts_with("beta ["), "Ruby {}: beta's code under {}", r.name, stack[0]);
+            beta += n;
+        }
+        if stack[0].starts_with("beta [") && stack.iter().any(|f| f.contains("GVL released")) {
+            beta_unknown += n;
+        }
+    }
+    assert!(alpha > 100, "Ruby {}: alpha {alpha}", r.name);
+    if r.name == "2.7" {
+        // Ruby 2.7 keeps one EC for the whole VM: beta's GVL-free time is
+        // shown as such, never under alpha's stack.
+        assert!(beta + beta_unknown > 100, "Ruby 2.7: beta {beta} + {beta_unknown} unknown");
+    } else {
+        // Some zlib versions (3.4's) take the GVL back per chunk: beta runs less.
+        assert!(beta > 20, "Ruby {}: beta {beta}", r.name);
+    }
+}
+
+macro_rules! on_every_ruby {
+    ($($version:ident => $name:literal),*) => {
+        $(
+            mod $version {
+                use super::*;
+                #[test] fn lines() { check_lines(&ruby($name)) }
+                #[test] fn c_methods() { check_cfuncs(&ruby($name)) }
+                #[test] fn eval() { check_eval(&ruby($name)) }
+                #[test] fn dash_e() { check_dash_e(&ruby($name)) }
+                #[test] fn callers() { check_callers(&ruby($name)) }
+                #[test] fn moving_and_vanishing_code() { check_churn(&ruby($name)) }
+                #[test] fn deep_recursion() { check_deep(&ruby($name)) }
+                #[test] fn threads() { check_threads(&ruby($name)) }
+            }
+        )*
+    };
+}
+
+on_every_ruby!(ruby_2_7 => "2.7", ruby_3_1 => "3.1", ruby_3_1_static => "3.1-static", ruby_3_3 => "3.3", ruby_3_4 => "3.4");

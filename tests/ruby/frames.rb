@@ -1,0 +1,124 @@
+# Frames rprof must name exactly as Ruby does, on every Ruby (2.7 syntax).
+# A line ending in a HOT tag names the label that spends its time there.
+# ARGV[0] picks what runs: lines, cfuncs, eval, callers, churn.
+
+module Tools
+  module Mixin
+    def mixed(n)
+      x = 0
+      x += 1 while x < n # HOT Tools::Mixin#mixed
+      x
+    end
+  end
+
+  class Grinder
+    include Mixin
+
+    def self.build(n)
+      x = 0
+      x += 1 while x < n # HOT Tools::Grinder.build
+      new
+    end
+
+    def spin(n)
+      [1].each do
+        x = 0
+        x += 1 while x < n # HOT block in Tools::Grinder#spin
+      end
+    end
+
+    def deep_block(n)
+      [1].each do
+        [2].each do
+          x = 0
+          x += 1 while x < n # HOT block (2 levels) in Tools::Grinder#deep_block
+        end
+      end
+    end
+  end
+end
+
+class << Tools::Grinder
+  def helper(n)
+    x = 0
+    x += 1 while x < n # HOT Tools::Grinder.helper
+    x
+  end
+end
+
+def toplevel(n)
+  x = 0
+  x += 1 while x < n # HOT Object#toplevel
+  x
+end
+
+def lines
+  n = 20_000
+  loop do
+    g = Tools::Grinder.build(n)
+    g.spin(n)
+    g.deep_block(n)
+    g.mixed(n)
+    Tools::Grinder.helper(n)
+    toplevel(n)
+  end
+end
+
+def cfuncs
+  null = File.open(File::NULL, "w")
+  arr = (1..3000).to_a.reverse
+  chunk = "x" * 100_000
+  loop do
+    3.times { arr.sort }
+    null.write(chunk)
+  end
+end
+
+def eval_loop
+  eval("x = 0\nx += 1 while true\n")
+end
+
+def level3
+  # What Ruby itself says the stack is here; rprof must agree on the callers.
+  caller_locations(0).each do |loc|
+    $stdout.puts "frame #{loc.path}|#{loc.lineno}|#{loc.label}"
+  end
+  $stdout.puts "ready"
+  $stdout.flush
+  x = 0
+  x += 1 while true # HOT level3
+end
+
+def level2
+  [1].each { level3 }
+end
+
+def level1
+  level2
+end
+
+# Defines, runs and drops methods while compacting the heap: iseqs come and go.
+def churn
+  i = 0
+  loop do
+    i += 1
+    eval("def tmp_#{i % 50}(n); x = 0; x += 1 while x < n; x; end; tmp_#{i % 50}(20_000)")
+    toplevel(20_000)
+    GC.compact if (i % 200).zero? && GC.respond_to?(:compact)
+  end
+end
+
+case ARGV.fetch(0)
+when "callers"
+  level1
+else
+  $stdout.puts "ready"
+  $stdout.flush
+  case ARGV[0]
+  when "lines" then lines
+  when "cfuncs" then cfuncs
+  when "eval" then eval_loop
+  when "churn" then churn
+  else abort "unknown phase #{ARGV[0]}"
+  end
+end
