@@ -110,6 +110,11 @@ static __always_inline void stat_inc(__u32 idx)
 		__sync_fetch_and_add(v, 1);
 }
 
+static __always_inline __u64 rotl(__u64 v, int k)
+{
+	return (v << k) | (v >> (64 - k));
+}
+
 static __always_inline __u64 mix(__u64 h, __u64 v)
 {
 	h ^= v;
@@ -128,7 +133,7 @@ static __always_inline __u64 finish_hash(__u64 h)
 
 static __always_inline __u64 cfp_field(struct scratch *s, __u32 base, __u32 off)
 {
-	__u64 at = (__u64)base + (off & (RPROF_MAX_CFP_SIZE - 8));
+	__u64 at = (__u64)(base & (CFP_BYTES - 1)) + (off & (RPROF_MAX_CFP_SIZE - 8));
 
 	if (at > CFP_BYTES + RPROF_MAX_CFP_SIZE - 8)
 		return 0;
@@ -147,6 +152,8 @@ static __always_inline int read_env(struct walk_ctx *w, __u64 ep, __u64 env[3])
 
 		if (off > RPROF_VSTACK_WINDOW - 24)
 			return -1;
+		/* Kept a byte-wise copy: word loads here trip a verifier bug in
+		 * precision tracking on some kernels (6.18). */
 		__builtin_memcpy(env, w->s->vstack + off, 24);
 		return 0;
 	}
@@ -178,33 +185,14 @@ static __always_inline __u64 frame_method_entry(struct walk_ctx *w, __u64 ep)
 	return 0;
 }
 
-static long walk_frame(__u32 i, struct walk_ctx *w)
+/* One control frame, at `base` in the copied chunk. Returns 1 to stop. */
+static __always_inline int walk_frame(struct walk_ctx *w, __u32 base)
 {
 	struct scratch *s = w->s;
 	struct rprof_proc *p = w->p;
 	struct rprof_frame f = {};
-	__u32 slot, base;
 	__u64 iseq, pc, ep;
 
-	if (i >= w->n)
-		return 1;
-	slot = i % RPROF_CFP_CHUNK;
-	if (slot == 0 && i != 0) {
-		__u32 left = w->n - i;
-		__u32 size;
-
-		if (left > RPROF_CFP_CHUNK)
-			left = RPROF_CFP_CHUNK;
-		size = left * p->cfp_size;
-		if (bpf_probe_read_user(s->cfps, CLAMPED(size, CFP_BYTES),
-					(void *)(w->cfp + (__u64)i * p->cfp_size))) {
-			w->failed = 1;
-			return 1;
-		}
-	}
-	base = slot * p->cfp_size;
-	if (base > CFP_BYTES)
-		return 1;
 	pc = cfp_field(s, base, p->cfp_pc);
 	iseq = cfp_field(s, base, p->cfp_iseq);
 	ep = cfp_field(s, base, p->cfp_ep);
@@ -228,8 +216,33 @@ static long walk_frame(__u32 i, struct walk_ctx *w)
 		return 1;
 	s->frames[w->out & (RPROF_MAX_FRAMES - 1)] = f;
 	w->out++;
-	w->hash = mix(mix(mix(w->hash, f.iseq), f.pc), f.cme);
+	w->hash = mix(mix(w->hash, f.iseq), f.pc ^ rotl(f.cme, 32));
 	return 0;
+}
+
+/* Control frame `i`; frames are copied from the target RPROF_CFP_CHUNK at a
+ * time (the first chunk by the caller). bpf_loop calls this once per frame:
+ * the verifier inlines the loop, and checks the body once. */
+static long walk_one(__u32 i, struct walk_ctx *w)
+{
+	struct scratch *s = w->s;
+	struct rprof_proc *p = w->p;
+	__u32 slot = i % RPROF_CFP_CHUNK;
+
+	if (i >= w->n)
+		return 1;
+	if (slot == 0 && i != 0) {
+		__u32 left = w->n - i;
+
+		if (left > RPROF_CFP_CHUNK)
+			left = RPROF_CFP_CHUNK;
+		if (bpf_probe_read_user(s->cfps, CLAMPED(left * p->cfp_size, CFP_BYTES),
+					(void *)(w->cfp + (__u64)i * p->cfp_size))) {
+			w->failed = 1;
+			return 1;
+		}
+	}
+	return walk_frame(w, slot * p->cfp_size);
 }
 
 static __always_inline int read_ec(struct rprof_proc *p, __u32 pid, __u64 tp, __u64 *ec)
@@ -244,18 +257,30 @@ static __always_inline int read_ec(struct rprof_proc *p, __u32 pid, __u64 tp, __
 		addr = tp + p->ec_addr;
 		break;
 	case RPROF_EC_TLS_DTV: {
-		__u64 dtv = 0, block = 0;
+		struct {
+			__u64 val;
+			__u64 to_free;
+		} entry = {};
+		__u64 dtv = 0;
 
+		if (p->tls_tp_offset) { /* learned below: one read instead of three */
+			addr = tp + p->tls_tp_offset;
+			break;
+		}
 		if (bpf_probe_read_user(&dtv, sizeof(dtv), (void *)(tp + 8)) || !dtv)
 			return -1;
-		if (bpf_probe_read_user(&block, sizeof(block),
+		if (bpf_probe_read_user(&entry, sizeof(entry),
 					(void *)(dtv + p->tls_module * p->dtv_entry_size)))
 			return -1;
-		if (!block || block == (__u64)-1) { /* TLS_DTV_UNALLOCATED: never touched here */
+		if (!entry.val || entry.val == (__u64)-1) { /* TLS_DTV_UNALLOCATED: never touched here */
 			*ec = 0;
 			return 0;
 		}
-		addr = block + p->ec_addr;
+		addr = entry.val + p->ec_addr;
+		/* glibc frees only dynamically allocated blocks: none to free means
+		 * static TLS, at the same offset from every thread's pointer. */
+		if (!entry.to_free && p->dtv_entry_size == 16)
+			p->tls_tp_offset = (__s64)(addr - tp);
 		break;
 	}
 	case RPROF_EC_THREAD_MAP: {
@@ -345,7 +370,7 @@ static __always_inline void walk_stack(struct walk_ctx *w, __u64 ec, __u64 tp)
 		}
 	}
 
-	bpf_loop(RPROF_MAX_FRAMES, walk_frame, w, 0);
+	bpf_loop(RPROF_MAX_FRAMES, walk_one, w, 0);
 	if (w->failed)
 		s->hdr.flags |= RPROF_SAMPLE_READ_FAILED;
 	if (s->hdr.flags & RPROF_SAMPLE_TRUNCATED)
@@ -356,6 +381,8 @@ static __always_inline long emit(struct scratch *s)
 {
 	__u64 size = sizeof(s->hdr) + (__u64)s->hdr.nframes * sizeof(struct rprof_frame);
 
+	/* Only records carry the thread's name: most events are just counted. */
+	bpf_get_current_comm(s->hdr.comm, sizeof(s->hdr.comm));
 	if (size > sizeof(s->hdr) + sizeof(s->frames))
 		return -1;
 	asm volatile("" : "+r"(size));
@@ -416,8 +443,6 @@ static __always_inline int on_event(__u32 event)
 	s->hdr.flags = 0;
 	s->hdr.nframes = 0;
 	s->hdr.pad = 0;
-	bpf_get_current_comm(s->hdr.comm, sizeof(s->hdr.comm));
-
 	task = bpf_get_current_task_btf();
 	tp = BPF_CORE_READ(task, thread.fsbase);
 

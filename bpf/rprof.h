@@ -59,6 +59,10 @@ struct rprof_proc {
 	__u32 cfp_iseq;
 	__u32 cfp_ep;
 	__u32 pad;
+	/* RPROF_EC_TLS_DTV: written by BPF (one 8-byte store) once it sees the
+	 * TLS block is in static TLS, at this same offset from every thread's
+	 * pointer; 0 until then. */
+	__s64 tls_tp_offset;
 	/* env data at ep[-2..0] */
 	__u64 frame_magic_mask;
 	__u64 frame_magic_cfunc;

@@ -131,14 +131,18 @@ impl RubyTarget {
             ec_thread_ptr: l.execution_context.thread_ptr,
             th_native_thread: l.thread.native_thread.unwrap_or(0),
             th_native_id: l.thread.native_thread_id,
-            // Before 3.0 the EC is the GVL holder's: only trust it on that
-            // thread. From 3.0 each thread has its own, and the check proves it.
-            verify_thread: 1,
+            // The global EC is the GVL holder's: only trust it on that thread.
+            // Thread-local ECs are checked on request (RPROF_VERIFY_EC=1, the
+            // tests): a read or two per event that a correct recipe never needs.
+            verify_thread: u32::from(
+                matches!(self.ec_access, EcAccess::Global { .. }) || std::env::var_os("RPROF_VERIFY_EC").is_some(),
+            ),
             cfp_size: l.control_frame.size,
             cfp_pc: l.control_frame.pc,
             cfp_iseq: l.control_frame.iseq,
             cfp_ep: l.control_frame.ep,
             pad: 0,
+            tls_tp_offset: 0,
             frame_magic_mask: l.frame.magic_mask,
             frame_magic_cfunc: l.frame.magic_cfunc,
             env_flag_local: l.frame.env_flag_local,

@@ -13,8 +13,8 @@ fn a_method_called_three_times_as_often_gets_75_percent() {
     let target = Ruby::host().spawn("ratio.rb", &[]);
     let run = record(target.pid, &["-d", "3", "-F", "999"]);
     assert!(run.success, "{}", run.stderr);
-    let thrice = run.folded.count(|f| label(f) == "thrice");
-    let once = run.folded.count(|f| label(f) == "once");
+    let thrice = run.folded.count(|f| label(f) == "Object#thrice");
+    let once = run.folded.count(|f| label(f) == "Object#once");
     assert!(thrice + once > 1500, "too few samples: {thrice} + {once}\n{}", run.stderr);
     let share = thrice as f64 / (thrice + once) as f64;
     assert!((0.70..=0.80).contains(&share), "thrice got {:.1}% of {} samples", share * 100.0, thrice + once);
@@ -41,9 +41,9 @@ fn each_thread_gets_its_own_stack_even_without_the_gvl() {
     }
     let a = run.folded.of_thread(&alpha);
     let b = run.folded.of_thread(&beta);
-    assert!(a.count(|f| label(f) == "alpha_work") > 100, "alpha barely sampled: {:?}", a.stacks);
+    assert!(a.count(|f| label(f) == "Object#alpha_work") > 100, "alpha barely sampled: {:?}", a.stacks);
     // beta runs zlib with the GVL released, on the other CPU, at the same time.
-    let deflating = b.count(|f| label(f) == "beta_work");
+    let deflating = b.count(|f| label(f) == "Object#beta_work");
     assert!(deflating > 100, "beta's zlib work barely sampled: {:?}", b.stacks);
 }
 
@@ -62,7 +62,7 @@ fn a_1500_deep_recursion_has_every_frame() {
     let target = Ruby::host().spawn("deep.rb", &["1500"]);
     let run = record(target.pid, &["-d", "2", "-F", "199"]);
     assert!(run.success, "{}", run.stderr);
-    let found = depths(&run.folded, "descend", "spin");
+    let found = depths(&run.folded, "Object#descend", "Object#spin");
     assert!(!found.is_empty(), "no sample in spin: {}", run.stderr);
     // descend(1500) .. descend(0): 1501 frames, each with its calling line.
     assert!(found.iter().all(|&d| d == 1501), "depths seen: {found:?}");
@@ -81,12 +81,12 @@ fn a_stack_deeper_than_the_limit_is_cut_at_the_root_and_marked() {
         .folded
         .stacks
         .iter()
-        .filter(|(s, _)| s.last().is_some_and(|f| label(f) == "spin"))
+        .filter(|(s, _)| s.last().is_some_and(|f| label(f) == "Object#spin"))
         .collect();
     assert!(!in_spin.is_empty(), "{}", run.stderr);
     for (stack, _) in in_spin {
         assert_eq!(stack[1], "[truncated]", "the cut is marked right under the thread");
-        let kept = stack.iter().filter(|f| label(f) == "descend").count();
+        let kept = stack.iter().filter(|f| label(f) == "Object#descend").count();
         assert!((4000..5001).contains(&kept), "kept {kept} frames");
     }
     assert!(run.stderr.contains("truncated"), "the summary counts truncated stacks: {}", run.stderr);
@@ -99,7 +99,7 @@ fn a_target_that_exits_ends_the_recording_and_its_samples_are_written() {
     let run = record(target.pid, &["-F", "499"]);
     assert!(run.success, "{}", run.stderr);
     assert!(started.elapsed() < Duration::from_secs(10), "rprof kept running after the target exited");
-    assert!(run.folded.count(|f| label(f) == "burn") > 100, "{:?}", run.folded.stacks);
+    assert!(run.folded.count(|f| label(f) == "Object#burn") > 100, "{:?}", run.folded.stacks);
 }
 
 #[test]
@@ -126,7 +126,7 @@ fn ctrl_c_ends_the_recording_and_its_samples_are_written() {
     assert!(status.success(), "{status:?}: {rest}");
     assert!(rest.contains("samples"), "summary printed: {rest}");
     let folded = Folded::parse(&std::fs::read_to_string(&out).expect("output written"));
-    assert!(folded.count(|f| label(f) == "thrice") > 10, "{:?}", folded.stacks);
+    assert!(folded.count(|f| label(f) == "Object#thrice") > 10, "{:?}", folded.stacks);
 }
 
 #[test]
@@ -154,7 +154,7 @@ fn default_output_is_an_icicle_svg_named_after_pid_and_time() {
         "timestamp {stamp:?} is not YYYYmmdd-HHMMSS"
     );
     let svg = std::fs::read_to_string(dir.path().join(name)).expect("svg");
-    assert!(svg.contains("thrice"), "the SVG names the hot method");
+    assert!(svg.contains("Object#thrice"), "the SVG names the hot method");
     assert!(svg.contains("inverted"), "icicle: root at the top");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains(name.as_str()), "the summary names the file: {stderr}");

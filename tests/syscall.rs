@@ -7,7 +7,7 @@ use std::io::Write;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{label, record, rprof, Folded, Ruby, Target};
+use common::{label, record, record_with_env, rprof, Folded, Ruby, Target};
 
 fn labels(stack: &[String]) -> Vec<&str> {
     stack.iter().map(|f| label(f)).collect()
@@ -33,10 +33,10 @@ fn a_syscall_made_without_the_gvl_is_charged_to_its_own_thread() {
     assert!(mine.total() > 20, "too few events of the syscalling thread: {:?}", run.folded.stacks);
     for (stack, n) in &run.folded.stacks {
         let l = labels(stack);
-        assert!(!l.iter().any(|f| ["a", "b", "c"].contains(f)), "{n} events blamed on the cruncher's code: {stack:?}");
+        assert!(!l.iter().any(|f| ["Object#a", "Object#b", "Object#c"].contains(f)), "{n} events blamed on the cruncher's code: {stack:?}");
         assert_eq!(l.last(), Some(&"enter_newfstatat"), "the leaf names the syscall: {stack:?}");
         if stack[0].ends_with(&format!("[{caller}]")) {
-            assert!(has_chain(stack, &["x", "y", "z", "exist?"]), "{stack:?}");
+            assert!(has_chain(stack, &["Object#x", "Object#y", "Object#z", "File.exist?"]), "{stack:?}");
         }
     }
     assert_eq!(run.folded.of_thread(&cruncher).total(), 0, "the cruncher makes no newfstatat call");
@@ -46,18 +46,21 @@ fn a_syscall_made_without_the_gvl_is_charged_to_its_own_thread() {
 fn getpid_events_carry_the_stack_of_the_thread_that_made_them() {
     let target = Ruby::host().spawn("syscalls.rb", &["getpid"]);
     let (caller, cruncher) = (target.get("syscaller").to_string(), target.get("cruncher").to_string());
-    let run = record(target.pid, &["-d", "2", "syscall", "enter_getpid"]);
+    // RPROF_VERIFY_EC=1: BPF also checks, for every event, that the EC it read
+    // belongs to the thread that made the call (its rb_thread_t's native id is
+    // that thread's pthread), and counts any that does not.
+    let run = record_with_env(target.pid, &["-d", "2", "syscall", "enter_getpid"], &[("RPROF_VERIFY_EC", "1")]);
     assert!(run.success, "{}", run.stderr);
     no_foreign_ec(&run.stderr);
     let mut chained = 0;
     for (stack, n) in &run.folded.stacks {
         let l = labels(stack);
-        let xyz = l.iter().any(|f| ["x", "y", "z"].contains(f));
-        let abc = l.iter().any(|f| ["a", "b", "c"].contains(f));
+        let xyz = l.iter().any(|f| ["Object#x", "Object#y", "Object#z"].contains(f));
+        let abc = l.iter().any(|f| ["Object#a", "Object#b", "Object#c"].contains(f));
         assert!(!(xyz && abc), "a stack mixes both threads: {stack:?}");
         if stack[0].ends_with(&format!("[{caller}]")) {
             assert!(!abc, "{n} of the syscaller's events carry the writer's stack: {stack:?}");
-            if has_chain(stack, &["x", "y", "z", "pid"]) {
+            if has_chain(stack, &["Object#x", "Object#y", "Object#z", "Process.pid"]) {
                 chained += n;
             }
         } else if stack[0].ends_with(&format!("[{cruncher}]")) {
@@ -128,7 +131,7 @@ fn every_event_is_counted_or_reported_lost() {
     assert_eq!(run.summary("events"), n, "{}", run.stderr);
     assert_eq!(recorded + lost, n, "recorded {recorded} + lost {lost} != made {n}");
     assert_eq!(lost, 0, "nothing should be lost at this rate: {}", run.stderr);
-    let in_loop = folded.count(|f| label(f) == "call_ppid");
+    let in_loop = folded.count(|f| label(f) == "Object#call_ppid");
     assert!(in_loop as f64 >= 0.99 * n as f64, "{in_loop} of {n} events under call_ppid: {:?}", folded.stacks);
 }
 

@@ -245,12 +245,17 @@ impl Run {
 
 /// Runs `rprof record -p PID ARGS... --format folded -o TMP` and reads the result.
 pub fn record(pid: u32, args: &[&str]) -> Run {
+    record_with_env(pid, args, &[])
+}
+
+/// `record`, with extra environment variables for rprof.
+pub fn record_with_env(pid: u32, args: &[&str], env: &[(&str, &str)]) -> Run {
     let dir = tempfile::tempdir().expect("tempdir");
     let out = dir.path().join("out.folded");
     let pid_s = pid.to_string();
     let mut all = vec!["record", "-p", &pid_s, "--format", "folded", "-o", out.to_str().expect("utf8")];
     all.extend_from_slice(args);
-    let output = rprof(&all);
+    let output = Command::new(RPROF).args(&all).envs(env.iter().copied()).output().expect("run rprof");
     let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
     assert!(!stderr.contains("panicked"), "rprof panicked: {stderr}");
     let folded = std::fs::read_to_string(&out).map(|t| Folded::parse(&t)).unwrap_or_default();

@@ -1,0 +1,79 @@
+"""Shared by rprof's benchmarks: start a Ruby workload that waits for "go",
+attach a profiler to it, let it run, and read what it reports."""
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RPROF = os.environ.get("RPROF", os.path.join(ROOT, "target/release/rprof"))
+
+
+class Workload:
+    """A Ruby script from bench/ that prints "ready", waits for a line on
+    stdin, works, prints its result line and exits."""
+
+    def __init__(self, script, *args, ruby="ruby", prefix=()):
+        self.proc = subprocess.Popen(
+            [*prefix, ruby, os.path.join(ROOT, "bench", script), *map(str, args)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        line = self.proc.stdout.readline()
+        if not line.startswith("ready"):
+            raise RuntimeError(f"{script} did not get ready: {line!r}")
+        self.pid = self.proc.pid
+
+    def go(self):
+        self.proc.stdin.write("go\n")
+        self.proc.stdin.flush()
+
+    def result(self):
+        """The words of its result line, as a dict of key -> value."""
+        line = self.proc.stdout.readline().split()
+        self.proc.wait()
+        return dict(zip(line[::2], line[1::2]))
+
+
+class Profiler:
+    """A profiler process attached to a workload; `ready_text` on its stderr
+    (or a delay) says it is attached."""
+
+    def __init__(self, argv, ready_text=None, delay=0.0):
+        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        if ready_text:
+            line = self.proc.stderr.readline()
+            if ready_text not in line:
+                raise RuntimeError(f"{argv[0]} did not start: {line!r} {self.proc.stderr.read()}")
+        if delay:
+            time.sleep(delay)
+
+    def finish(self, timeout=120):
+        """Waits for the profiler (it stops when the workload exits); returns its stderr."""
+        try:
+            _, err = self.proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.send_signal(signal.SIGINT)
+            _, err = self.proc.communicate()
+        return err
+
+
+def median(xs):
+    return statistics.median(xs) if xs else float("nan")
+
+
+def table(rows, headers):
+    widths = [max(len(str(r[i])) for r in rows + [headers]) for i in range(len(headers))]
+    out = ["  ".join(str(h).ljust(w) for h, w in zip(headers, widths))]
+    out.append("  ".join("-" * w for w in widths))
+    for r in rows:
+        out.append("  ".join(str(c).ljust(w) for c, w in zip(r, widths)))
+    return "\n".join(out)
+
+
+def need_root():
+    if os.geteuid() != 0:
+        sys.exit("benchmarks load BPF programs: run them as root")
