@@ -3,7 +3,7 @@
 #   make test   install what the tests need (Rubies included) and run them all
 CARGO ?= cargo
 APT_PACKAGES = clang llvm libelf-dev zlib1g-dev pkg-config make gcc ruby ruby-dev \
-               debootstrap util-linux
+               debootstrap util-linux clang-format
 RPROF = target/release/rprof
 
 .PHONY: deps tracefs build demo test lint bench clean-cache
@@ -26,7 +26,7 @@ demo: build
 	$(RPROF) record -F 499 -o rprof-demo.svg -- ruby demo/app.rb 5
 	@echo "make: open $$(pwd)/rprof-demo.svg in a browser"
 
-test: deps tracefs
+test: deps tracefs lint
 	scripts/setup-rubies.sh all
 	$(CARGO) build --release --locked
 	$(CARGO) test --release --locked --workspace -- --test-threads=1

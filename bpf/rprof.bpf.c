@@ -15,19 +15,19 @@
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
-#define EEXIST 17
+#define EEXIST	  17
 #define CFP_BYTES (RPROF_CFP_CHUNK * RPROF_MAX_CFP_SIZE)
 /*
  * `len` clamped to `max` (a power of two), in a form the verifier can bound:
  * the barrier stops clang from dropping the mask it deems redundant.
  */
-#define CLAMPED(len, max)                         \
-	({                                        \
-		__u64 __len = (len);              \
-		if (__len > (max))                \
-			__len = (max);            \
-		asm volatile("" : "+r"(__len));   \
-		__len & (2 * (max) - 1);          \
+#define CLAMPED(len, max)                                                                          \
+	({                                                                                         \
+		__u64 __len = (len);                                                               \
+		if (__len > (max))                                                                 \
+			__len = (max);                                                             \
+		asm volatile("" : "+r"(__len));                                                    \
+		__len &(2 * (max)-1);                                                              \
 	})
 
 struct scratch {
@@ -272,7 +272,8 @@ static __always_inline int read_ec(struct rprof_proc *p, __u32 pid, __u64 tp, __
 		if (bpf_probe_read_user(&entry, sizeof(entry),
 					(void *)(dtv + p->tls_module * p->dtv_entry_size)))
 			return -1;
-		if (!entry.val || entry.val == (__u64)-1) { /* TLS_DTV_UNALLOCATED: never touched here */
+		if (!entry.val ||
+		    entry.val == (__u64)-1) { /* TLS_DTV_UNALLOCATED: never touched here */
 			*ec = 0;
 			return 0;
 		}
@@ -284,7 +285,7 @@ static __always_inline int read_ec(struct rprof_proc *p, __u32 pid, __u64 tp, __
 		break;
 	}
 	case RPROF_EC_THREAD_MAP: {
-		struct rprof_thread_key key = { .pid = pid, .tp = tp };
+		struct rprof_thread_key key = {.pid = pid, .tp = tp};
 		__u64 *th = bpf_map_lookup_elem(&threads, &key);
 
 		if (!th) { /* not a Ruby thread, or one userspace has not seen yet */
@@ -328,9 +329,12 @@ static __always_inline void walk_stack(struct walk_ctx *w, __u64 ec, __u64 tp)
 	end = vm_stack + ecw[(p->ec_vm_stack_size / 8) & 7] * 8;
 	cfp = ecw[(p->ec_cfp / 8) & 7];
 	th = ecw[(p->ec_thread_ptr / 8) & 7];
-	if (p->verify_thread && !ec_is_this_thread(p, th, tp)) {
-		s->hdr.flags |= RPROF_SAMPLE_FOREIGN_EC;
-		return;
+	if (p->verify_thread) {
+		if (!ec_is_this_thread(p, th, tp)) {
+			s->hdr.flags |= RPROF_SAMPLE_FOREIGN_EC;
+			return;
+		}
+		stat_inc(RPROF_STAT_VERIFIED);
 	}
 	/* The base frame is a dummy (the main thread's names a "<main>" that
 	 * never runs); Ruby's backtraces leave it out, and so do we. */
@@ -364,7 +368,8 @@ static __always_inline void walk_stack(struct walk_ctx *w, __u64 ec, __u64 tp)
 			lo = vm_stack;
 		len = hi - lo;
 		if (len <= RPROF_VSTACK_WINDOW &&
-		    !bpf_probe_read_user(s->vstack, CLAMPED(len, RPROF_VSTACK_WINDOW), (void *)lo)) {
+		    !bpf_probe_read_user(s->vstack, CLAMPED(len, RPROF_VSTACK_WINDOW),
+					 (void *)lo)) {
 			w->win_lo = lo;
 			w->win_hi = hi;
 		}
@@ -393,7 +398,7 @@ static __always_inline long emit(struct scratch *s)
 
 static __always_inline void count_stack(struct scratch *s)
 {
-	struct rprof_count_key key = { .hash = s->hdr.hash, .epoch = epoch };
+	struct rprof_count_key key = {.hash = s->hdr.hash, .epoch = epoch};
 	struct rprof_stack_count *c, init = {};
 	long err;
 
@@ -465,8 +470,8 @@ static __always_inline int on_event(__u32 event)
 		stat_inc(RPROF_STAT_FOREIGN_EC);
 
 	s->hdr.nframes = w.out;
-	s->hdr.hash = finish_hash(mix(mix(mix(w.hash, ((__u64)tid << 32) | event), s->hdr.flags),
-				      w.out));
+	s->hdr.hash =
+	    finish_hash(mix(mix(mix(w.hash, ((__u64)tid << 32) | event), s->hdr.flags), w.out));
 	count_stack(s);
 	return 0;
 }

@@ -10,7 +10,7 @@
 /* Deepest stack kept; deeper stacks lose frames at the root end. */
 #define RPROF_MAX_FRAMES 4096
 /* Control frames copied from the target per read. */
-#define RPROF_CFP_CHUNK 32
+#define RPROF_CFP_CHUNK	   32
 #define RPROF_MAX_CFP_SIZE 64
 /* Bytes of the VM value stack (where every frame's env lives) copied per sample. */
 #define RPROF_VSTACK_WINDOW (16 * 1024)
@@ -42,17 +42,17 @@ struct rprof_thread_key {
 struct rprof_proc {
 	__u64 ec_addr;
 	__u64 tls_module;
-	__u32 ec_access;       /* enum rprof_ec_access */
-	__u32 dtv_entry_size;  /* 16 for glibc, 8 for musl */
+	__u32 ec_access;      /* enum rprof_ec_access */
+	__u32 dtv_entry_size; /* 16 for glibc, 8 for musl */
 	/* rb_execution_context_t */
 	__u32 ec_vm_stack;
 	__u32 ec_vm_stack_size;
 	__u32 ec_cfp;
 	__u32 ec_thread_ptr;
 	/* rb_thread_t -> native pthread id, through an optional pointer hop */
-	__u32 th_native_thread;  /* offset of the native thread pointer; 0: none */
-	__u32 th_native_id;      /* offset of the pthread id */
-	__u32 verify_thread;     /* 1: drop ECs whose pthread id is not this thread's */
+	__u32 th_native_thread; /* offset of the native thread pointer; 0: none */
+	__u32 th_native_id;	/* offset of the pthread id */
+	__u32 verify_thread;	/* 1: drop ECs whose pthread id is not this thread's */
 	/* rb_control_frame_t */
 	__u32 cfp_size;
 	__u32 cfp_pc;
@@ -67,7 +67,7 @@ struct rprof_proc {
 	__u64 frame_magic_mask;
 	__u64 frame_magic_cfunc;
 	__u64 env_flag_local;
-	__u64 imemo_ment_mask;  /* applied to an object's flags ... */
+	__u64 imemo_ment_mask;	/* applied to an object's flags ... */
 	__u64 imemo_ment_value; /* ... equals this for a method entry */
 };
 
@@ -83,7 +83,7 @@ struct rprof_frame {
 };
 
 enum rprof_sample_flags {
-	RPROF_SAMPLE_NO_EC = 1,        /* thread has no Ruby EC (native/timer thread) */
+	RPROF_SAMPLE_NO_EC = 1,	       /* thread has no Ruby EC (native/timer thread) */
 	RPROF_SAMPLE_TRUNCATED = 2,    /* root-end frames cut at RPROF_MAX_FRAMES */
 	RPROF_SAMPLE_FOREIGN_EC = 4,   /* EC belongs to another thread (GVL holder) */
 	RPROF_SAMPLE_DIRECT = 8,       /* not aggregated in the kernel: count is 1 */
@@ -92,7 +92,7 @@ enum rprof_sample_flags {
 
 /* Header of a ring buffer record; `nframes` struct rprof_frame follow, leaf first. */
 struct rprof_sample_header {
-	__u64 hash;  /* identity of (tid, event, frames): key of the counts maps */
+	__u64 hash; /* identity of (tid, event, frames): key of the counts maps */
 	__u32 pid;
 	__u32 tid;
 	__u32 event; /* 0: cpu sample; n: the n-th traced tracepoint */
@@ -119,13 +119,14 @@ struct rprof_stack_count {
 
 /* Indexes of the per-CPU `stats` array. */
 enum rprof_stat {
-	RPROF_STAT_EVENTS = 0,   /* events of target threads */
-	RPROF_STAT_LOST,         /* events whose stack the full ring buffer refused */
-	RPROF_STAT_READ_FAILED,  /* events whose EC or frames could not be read */
-	RPROF_STAT_TRUNCATED,    /* events with more than RPROF_MAX_FRAMES frames */
-	RPROF_STAT_NO_EC,        /* events of threads without a Ruby EC */
-	RPROF_STAT_FOREIGN_EC,   /* events whose EC belonged to another thread */
-	RPROF_STAT_AGG_FULL,     /* events sent directly because a counts map was full */
+	RPROF_STAT_EVENTS = 0,	/* events of target threads */
+	RPROF_STAT_LOST,	/* events whose stack the full ring buffer refused */
+	RPROF_STAT_READ_FAILED, /* events whose EC or frames could not be read */
+	RPROF_STAT_TRUNCATED,	/* events with more than RPROF_MAX_FRAMES frames */
+	RPROF_STAT_NO_EC,	/* events of threads without a Ruby EC */
+	RPROF_STAT_FOREIGN_EC,	/* events whose EC belonged to another thread */
+	RPROF_STAT_AGG_FULL,	/* events sent directly because a counts map was full */
+	RPROF_STAT_VERIFIED,	/* events whose EC was checked to be this thread's */
 	RPROF_STAT_MAX,
 };
 

@@ -18,9 +18,9 @@ mod skel {
     include!(concat!(env!("OUT_DIR"), "/rprof.skel.rs"));
 }
 
-use skel::{RprofSkel, RprofSkelBuilder};
 /// The Rust types libbpf-cargo generated from bpf/rprof.h.
 pub use skel::types;
+use skel::{RprofSkel, RprofSkelBuilder};
 
 // SAFETY: plain C structs of integers, as generated from the BPF header; any
 // bit pattern is a valid value.
@@ -55,6 +55,7 @@ pub struct Stats {
     pub no_ec: u64,
     pub foreign_ec: u64,
     pub agg_full: u64,
+    pub verified: u64,
 }
 
 pub struct Probe {
@@ -91,8 +92,7 @@ impl Probe {
             .set_max_entries(RING_BYTES)
             .context("sizing the ring buffer")?;
         let skel: &'static RprofSkel<'static> = Box::leak(Box::new(
-            open
-                .load()
+            open.load()
                 .context("loading the BPF program into the kernel (RPROF_DEBUG=1 shows libbpf's log)")?,
         ));
         let queue = Rc::new(RefCell::new(VecDeque::new()));
@@ -182,7 +182,8 @@ impl Probe {
                 if err.raw_os_error() == Some(libc::ENODEV) {
                     continue; // CPU went offline meanwhile
                 }
-                return Err(anyhow!(err)).with_context(|| format!("opening a cpu-clock perf event on CPU {cpu}"));
+                return Err(anyhow!(err))
+                    .with_context(|| format!("opening a cpu-clock perf event on CPU {cpu}"));
             }
             // SAFETY: perf_event_open returned a new descriptor that we own.
             let fd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
@@ -262,7 +263,10 @@ impl Probe {
             if plain::copy_from_bytes(&mut key, &key_bytes).is_err() || key.epoch > closed {
                 continue;
             }
-            if let Some(value) = map.lookup(&key_bytes, MapFlags::ANY).context("reading a stack count")? {
+            if let Some(value) = map
+                .lookup(&key_bytes, MapFlags::ANY)
+                .context("reading a stack count")?
+            {
                 let mut count = types::rprof_stack_count::default();
                 if plain::copy_from_bytes(&mut count, &value).is_ok() {
                     on_count(key.hash, count.count);
@@ -301,7 +305,10 @@ impl Probe {
                 .unwrap_or_default();
             Ok(per_cpu
                 .iter()
-                .filter_map(|v| v.get(..8).map(|b| u64::from_ne_bytes(b.try_into().unwrap_or([0; 8]))))
+                .filter_map(|v| {
+                    v.get(..8)
+                        .map(|b| u64::from_ne_bytes(b.try_into().unwrap_or([0; 8])))
+                })
                 .sum())
         };
         Ok(Stats {
@@ -312,6 +319,7 @@ impl Probe {
             no_ec: read(types::rprof_stat::RPROF_STAT_NO_EC)?,
             foreign_ec: read(types::rprof_stat::RPROF_STAT_FOREIGN_EC)?,
             agg_full: read(types::rprof_stat::RPROF_STAT_AGG_FULL)?,
+            verified: read(types::rprof_stat::RPROF_STAT_VERIFIED)?,
         })
     }
 
@@ -337,7 +345,8 @@ fn parse_sample(data: &[u8]) -> Option<Sample> {
 
 /// The online CPUs, from /sys/devices/system/cpu/online ("0-3,5").
 fn online_cpus() -> Result<Vec<u32>> {
-    let text = std::fs::read_to_string("/sys/devices/system/cpu/online").context("reading the online CPUs")?;
+    let text =
+        std::fs::read_to_string("/sys/devices/system/cpu/online").context("reading the online CPUs")?;
     parse_cpu_list(&text).ok_or_else(|| anyhow!("unreadable CPU list {text:?}"))
 }
 
@@ -373,13 +382,20 @@ mod tests {
         };
         let mut data = unsafe { plain::as_bytes(&header) }.to_vec();
         for i in 1..=2u64 {
-            let f = types::rprof_frame { iseq: i, pc: i * 8, cme: 0 };
+            let f = types::rprof_frame {
+                iseq: i,
+                pc: i * 8,
+                cme: 0,
+            };
             data.extend_from_slice(unsafe { plain::as_bytes(&f) });
         }
         let s = parse_sample(&data).expect("parses");
         assert_eq!(s.header.tid, 9);
         assert_eq!(s.frames.len(), 2);
         assert_eq!(s.frames[1].pc, 16);
-        assert!(parse_sample(&data[..data.len() - 1]).is_none(), "a cut record is refused");
+        assert!(
+            parse_sample(&data[..data.len() - 1]).is_none(),
+            "a cut record is refused"
+        );
     }
 }

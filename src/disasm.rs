@@ -45,7 +45,10 @@ pub fn first_tls_access(code: &[u8], ip: u64) -> Option<TlsAccess> {
                 tls_index: insn.ip_rel_memory_address(),
             });
         }
-        if insn.mnemonic() == Mnemonic::Mov && insn.is_ip_rel_memory_operand() && insn.op0_kind() == OpKind::Register {
+        if insn.mnemonic() == Mnemonic::Mov
+            && insn.is_ip_rel_memory_operand()
+            && insn.op0_kind() == OpKind::Register
+        {
             let reg = insn.op0_register();
             if next.is_some_and(|n| n.segment_prefix() == Register::FS && n.memory_base() == reg) {
                 return Some(TlsAccess::InitialExec {
@@ -105,7 +108,9 @@ mod tests {
         ];
         assert_eq!(
             first_tls_access(&code, 0x4000),
-            Some(TlsAccess::GeneralDynamic { tls_index: 0x4000 + 8 + 0x1000 })
+            Some(TlsAccess::GeneralDynamic {
+                tls_index: 0x4000 + 8 + 0x1000
+            })
         );
     }
 
@@ -116,23 +121,32 @@ mod tests {
             0x64, 0x48, 0x8b, 0x04, 0x25, 0x28, 0x00, 0x00, 0x00, //
             0x64, 0x48, 0x8b, 0x04, 0x25, 0xf8, 0xff, 0xff, 0xff, 0xc3,
         ];
-        assert_eq!(first_tls_access(&code, 0), Some(TlsAccess::LocalExec { tp_offset: -8 }));
+        assert_eq!(
+            first_tls_access(&code, 0),
+            Some(TlsAccess::LocalExec { tp_offset: -8 })
+        );
     }
 
     #[test]
     fn initial_exec_sequence() {
         // mov 0x200(%rip),%rax; mov %fs:(%rax),%rax; ret
-        let code = [0x48, 0x8b, 0x05, 0x00, 0x02, 0x00, 0x00, 0x64, 0x48, 0x8b, 0x00, 0xc3];
+        let code = [
+            0x48, 0x8b, 0x05, 0x00, 0x02, 0x00, 0x00, 0x64, 0x48, 0x8b, 0x00, 0xc3,
+        ];
         assert_eq!(
             first_tls_access(&code, 0x100),
-            Some(TlsAccess::InitialExec { got: 0x100 + 7 + 0x200 })
+            Some(TlsAccess::InitialExec {
+                got: 0x100 + 7 + 0x200
+            })
         );
     }
 
     #[test]
     fn data_references_and_branches() {
         // cmp %edi,0x10(%rip); jmp +0; ret
-        let code = [0x39, 0x3d, 0x10, 0x00, 0x00, 0x00, 0xe9, 0x00, 0x00, 0x00, 0x00, 0xc3];
+        let code = [
+            0x39, 0x3d, 0x10, 0x00, 0x00, 0x00, 0xe9, 0x00, 0x00, 0x00, 0x00, 0xc3,
+        ];
         assert_eq!(rip_relative_data(&code, 0, 8), vec![6 + 0x10]);
         assert_eq!(branch_targets(&code, 0, 8), vec![11]);
     }

@@ -8,7 +8,9 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use object::elf;
 use object::read::elf::{ElfFile64, ProgramHeader};
-use object::{Endianness, Object, ObjectSection, ObjectSymbol, ObjectSymbolTable, RelocationFlags, RelocationTarget};
+use object::{
+    Endianness, Object, ObjectSection, ObjectSymbol, ObjectSymbolTable, RelocationFlags, RelocationTarget,
+};
 
 use crate::process::Mapping;
 
@@ -20,7 +22,6 @@ pub struct ElfImage {
 pub struct Symbol {
     /// st_value: an address for code and data, an offset in the TLS block for TLS.
     pub value: u64,
-    pub size: u64,
     pub tls: bool,
 }
 
@@ -45,7 +46,9 @@ impl ElfImage {
     pub fn open(path: &Path) -> Result<Self> {
         let data = fs::read(path).with_context(|| format!("reading {}", path.display()))?;
         let image = Self { data };
-        image.parse().with_context(|| format!("parsing ELF {}", path.display()))?;
+        image
+            .parse()
+            .with_context(|| format!("parsing ELF {}", path.display()))?;
         Ok(image)
     }
 
@@ -62,7 +65,6 @@ impl ElfImage {
             .find(|s| s.name() == Ok(name) && s.is_definition())?;
         Some(Symbol {
             value: found.address(),
-            size: found.size(),
             tls: found.kind() == object::SymbolKind::Tls,
         })
     }
@@ -85,7 +87,15 @@ impl ElfImage {
         let e = file.endian();
         file.elf_program_headers()
             .iter()
-            .map(|p| (p.p_type(e), p.p_vaddr(e), p.p_offset(e), p.p_memsz(e), p.p_align(e)))
+            .map(|p| {
+                (
+                    p.p_type(e),
+                    p.p_vaddr(e),
+                    p.p_offset(e),
+                    p.p_memsz(e),
+                    p.p_align(e),
+                )
+            })
             .collect()
     }
 
@@ -176,9 +186,17 @@ mod tests {
     #[test]
     fn tp_offset_of_the_executables_tls_block() {
         // 16 bytes of TLS, 8-aligned: the block is the 16 bytes under the TCB.
-        let tls = TlsSegment { vaddr: 0x3a43d0, memsz: 0x10, align: 8 };
+        let tls = TlsSegment {
+            vaddr: 0x3a43d0,
+            memsz: 0x10,
+            align: 8,
+        };
         assert_eq!(exec_tls_tp_offset(tls, 8), -8);
-        let tls = TlsSegment { vaddr: 0x1000, memsz: 0x24, align: 16 };
+        let tls = TlsSegment {
+            vaddr: 0x1000,
+            memsz: 0x24,
+            align: 16,
+        };
         assert_eq!(exec_tls_tp_offset(tls, 0), -48);
     }
 

@@ -39,8 +39,18 @@ fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Record(args) => {
             let (event, extra_command) = match args.event {
-                None => (EventSpec::Cpu { frequency: args.frequency }, Vec::new()),
-                Some(Event::Cpu { command }) => (EventSpec::Cpu { frequency: args.frequency }, command),
+                None => (
+                    EventSpec::Cpu {
+                        frequency: args.frequency,
+                    },
+                    Vec::new(),
+                ),
+                Some(Event::Cpu { command }) => (
+                    EventSpec::Cpu {
+                        frequency: args.frequency,
+                    },
+                    command,
+                ),
                 Some(Event::Syscall { names, list, command }) => {
                     let known = system::syscall_tracepoints()?;
                     if list {
@@ -62,10 +72,14 @@ fn run(cli: Cli) -> Result<()> {
                 (Some(pid), true) => Target::Pid(pid),
                 (None, false) => Target::Command(command),
                 (Some(_), false) => anyhow::bail!("give either -p PID or a command after --, not both"),
-                (None, true) => anyhow::bail!("nothing to profile: give -p PID or a command after -- (see rprof record --help)"),
+                (None, true) => anyhow::bail!(
+                    "nothing to profile: give -p PID or a command after -- (see rprof record --help)"
+                ),
             };
             let duration = match args.duration {
-                Some(d) if !(d > 0.0 && d.is_finite()) => anyhow::bail!("-d/--duration must be a positive number of seconds"),
+                Some(d) if !(d > 0.0 && d.is_finite()) => {
+                    anyhow::bail!("-d/--duration must be a positive number of seconds")
+                }
                 Some(d) => Some(Duration::from_secs_f64(d)),
                 None => None,
             };

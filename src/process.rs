@@ -62,13 +62,6 @@ impl Process {
         ]
     }
 
-    /// The command name of one of the target's threads.
-    pub fn thread_name(&self, tid: u32) -> Option<String> {
-        fs::read_to_string(format!("/proc/{}/task/{}/comm", self.pid, tid))
-            .ok()
-            .map(|s| s.trim_end().to_string())
-    }
-
     pub fn exe_name(&self) -> String {
         fs::read_to_string(format!("/proc/{}/comm", self.pid))
             .map(|s| s.trim_end().to_string())
@@ -95,7 +88,10 @@ impl Process {
             return Err(io::Error::last_os_error());
         }
         if n as usize != buf.len() {
-            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "short read of target memory"));
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "short read of target memory",
+            ));
         }
         Ok(())
     }

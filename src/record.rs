@@ -34,7 +34,9 @@ pub enum Target {
 }
 
 pub enum EventSpec {
-    Cpu { frequency: u64 },
+    Cpu {
+        frequency: u64,
+    },
     /// Tracepoints of the `syscalls` group, by their tracefs name (`sys_enter_getpid`).
     Syscalls(Vec<String>),
 }
@@ -107,7 +109,8 @@ pub fn record(cfg: RecordConfig) -> Result<()> {
     let stop = Arc::new(AtomicBool::new(false));
     {
         let stop = Arc::clone(&stop);
-        ctrlc::set_handler(move || stop.store(true, Ordering::SeqCst)).context("installing the Ctrl-C handler")?;
+        ctrlc::set_handler(move || stop.store(true, Ordering::SeqCst))
+            .context("installing the Ctrl-C handler")?;
     }
     let what = match &cfg.event {
         EventSpec::Cpu { frequency } => format!("sampling at {frequency} Hz"),
@@ -131,7 +134,9 @@ pub fn record(cfg: RecordConfig) -> Result<()> {
         if stop.load(Ordering::SeqCst)
             || cfg.duration.is_some_and(|d| started.elapsed() >= d)
             || !target.process.is_alive()
-            || child.as_mut().is_some_and(|c: &mut Child| matches!(c.try_wait(), Ok(Some(_))))
+            || child
+                .as_mut()
+                .is_some_and(|c: &mut Child| matches!(c.try_wait(), Ok(Some(_))))
         {
             break;
         }
@@ -158,7 +163,10 @@ pub fn record(cfg: RecordConfig) -> Result<()> {
     print_summary(&recording, &stats, &collector, &output, started.elapsed());
     if let Some(mut c) = child {
         if !matches!(c.try_wait(), Ok(Some(_))) {
-            eprintln!("rprof: {} (pid {pid}) is still running", cfg_command_name(&cfg.target));
+            eprintln!(
+                "rprof: {} (pid {pid}) is still running",
+                cfg_command_name(&cfg.target)
+            );
         }
         let _ = c.try_wait();
     }
@@ -194,7 +202,8 @@ fn launch(argv: &[String], force_version: Option<&str>) -> Result<(Child, RubyTa
             }
         }
         if let Ok(Some(status)) = child.try_wait() {
-            return Err(anyhow::Error::from(UserError::TargetGone { pid })).with_context(|| format!("{prog} exited with {status}"));
+            return Err(anyhow::Error::from(UserError::TargetGone { pid }))
+                .with_context(|| format!("{prog} exited with {status}"));
         }
         std::thread::sleep(Duration::from_millis(2));
     }
@@ -238,7 +247,11 @@ impl Collector {
         let h = &s.header;
         let comm: Vec<u8> = h.comm.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
         let mut stack = Vec::with_capacity(s.frames.len() + 3);
-        stack.push(Frame::thread(format!("{} [{}]", String::from_utf8_lossy(&comm), h.tid)));
+        stack.push(Frame::thread(format!(
+            "{} [{}]",
+            String::from_utf8_lossy(&comm),
+            h.tid
+        )));
         if s.has(types::rprof_sample_flags::RPROF_SAMPLE_READ_FAILED) {
             stack.push(Frame::marker("[failed to read the Ruby stack]"));
         } else if s.has(types::rprof_sample_flags::RPROF_SAMPLE_FOREIGN_EC) {
@@ -308,11 +321,26 @@ fn print_summary(r: &Recording, stats: &Stats, c: &Collector, output: &Path, ela
     if c.resolver.unknown_frames > 0 {
         notes.push(format!("{} frames [unknown]", c.resolver.unknown_frames));
     }
+    if stats.no_ec > 0 {
+        notes.push(format!("{} in threads running no Ruby", stats.no_ec));
+    }
+    if stats.agg_full > 0 {
+        notes.push(format!(
+            "{} sent one by one: the in-kernel counts table was full",
+            stats.agg_full
+        ));
+    }
+    if stats.verified > 0 && !r.ruby_version.starts_with("2.") {
+        notes.push(format!("{} checked to be the thread's own EC", stats.verified));
+    }
     if stats.foreign_ec > 0 {
         notes.push(if r.ruby_version.starts_with("2.") {
             format!("{} without the GVL", stats.foreign_ec)
         } else {
-            format!("{} skipped: the EC read belonged to another thread", stats.foreign_ec)
+            format!(
+                "{} skipped: the EC read belonged to another thread",
+                stats.foreign_ec
+            )
         });
     }
     let notes = if notes.is_empty() {
@@ -355,12 +383,20 @@ pub fn write_output(r: &Recording, output: &Path, format: Format) -> Result<()> 
 
 pub fn read_recording(path: &Path) -> Result<Recording> {
     let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    serde_json::from_reader(std::io::BufReader::new(file))
-        .with_context(|| format!("{} is not an rprof recording (written with --format rprof)", path.display()))
+    serde_json::from_reader(std::io::BufReader::new(file)).with_context(|| {
+        format!(
+            "{} is not an rprof recording (written with --format rprof)",
+            path.display()
+        )
+    })
 }
 
 fn default_output(pid: u32, format: Format) -> PathBuf {
-    PathBuf::from(format!("rprof-{pid}-{}.{}", local_timestamp(), format.extension()))
+    PathBuf::from(format!(
+        "rprof-{pid}-{}.{}",
+        local_timestamp(),
+        format.extension()
+    ))
 }
 
 /// YYYYmmdd-HHMMSS in local time.

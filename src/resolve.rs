@@ -256,7 +256,10 @@ impl Resolver {
             return self.process.read_u64(klass + ext as u64 + off as u64).ok();
         }
         let ivars = self.class_ivars(klass)?;
-        ivars.into_iter().find(|(k, _)| k == "__attached__").map(|(_, v)| v)
+        ivars
+            .into_iter()
+            .find(|(k, _)| k == "__attached__")
+            .map(|(_, v)| v)
     }
 
     /// (name, value) of a class's ivars before 3.2: its classext's st_table.
@@ -314,7 +317,10 @@ impl Resolver {
     }
 
     fn is_imemo(&self, v: u64, imemo_type: u64) -> bool {
-        let Some(flags) = Self::is_object(v).then(|| self.process.read_u64(v).ok()).flatten() else {
+        let Some(flags) = Self::is_object(v)
+            .then(|| self.process.read_u64(v).ok())
+            .flatten()
+        else {
             return false;
         };
         let l = &self.layout;
@@ -408,7 +414,10 @@ impl Resolver {
             return None;
         }
         let (ptr, len) = if flags & l.embed_flag != 0 {
-            (ary + l.embed_ary as u64, (flags & l.embed_len_mask) >> l.embed_len_shift)
+            (
+                ary + l.embed_ary as u64,
+                (flags & l.embed_len_mask) >> l.embed_len_shift,
+            )
         } else {
             (
                 self.process.read_u64(ary + l.heap_ptr as u64).ok()?,
@@ -468,7 +477,11 @@ impl Resolver {
         let small_ranks = word(8);
         let bit = x % 512;
         let j = bit / 64;
-        let small = if j > 0 { (small_ranks >> ((j - 1) * 9)) & 0x1ff } else { 0 };
+        let small = if j > 0 {
+            (small_ranks >> ((j - 1) * 9)) & 0x1ff
+        } else {
+            0
+        };
         let bits = word(16 + 8 * j as usize);
         let pop = (bits << (63 - bit % 64)).count_ones() as u64;
         Some(rank + small + pop)
@@ -478,7 +491,11 @@ impl Resolver {
     fn id_name(&self, id: u64) -> Option<String> {
         let s = &self.layout.symbols;
         let base = self.global_symbols?;
-        let serial = if id > s.last_op_id { id >> s.id_scope_shift } else { id };
+        let serial = if id > s.last_op_id {
+            id >> s.id_scope_shift
+        } else {
+            id
+        };
         let last_id = self.process.read_u32(base + s.last_id as u64).ok()? as u64;
         if serial == 0 || serial > last_id {
             return None;

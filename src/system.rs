@@ -64,7 +64,12 @@ pub fn syscall_tracepoints() -> Result<Vec<String>, UserError> {
     let mut names: Vec<String> = fs::read_dir(&dir)
         .map_err(|_| UserError::TracefsMissing)?
         .filter_map(|e| e.ok())
-        .filter_map(|e| e.file_name().to_str().and_then(|n| n.strip_prefix("sys_")).map(str::to_string))
+        .filter_map(|e| {
+            e.file_name()
+                .to_str()
+                .and_then(|n| n.strip_prefix("sys_"))
+                .map(str::to_string)
+        })
         .collect();
     names.sort();
     Ok(names)
@@ -101,7 +106,9 @@ fn edit_distance(a: &str, b: &str) -> usize {
     for (i, ca) in a.chars().enumerate() {
         let mut cur = vec![i + 1; b.len() + 1];
         for (j, cb) in b.iter().enumerate() {
-            cur[j + 1] = (prev[j] + usize::from(ca != *cb)).min(prev[j + 1] + 1).min(cur[j] + 1);
+            cur[j + 1] = (prev[j] + usize::from(ca != *cb))
+                .min(prev[j + 1] + 1)
+                .min(cur[j] + 1);
         }
         prev = cur;
     }
@@ -118,11 +125,24 @@ mod tests {
             .iter()
             .map(|s| s.to_string())
             .collect();
-        assert_eq!(syscall_tracepoint("enter_getpid", &known).expect("known"), "sys_enter_getpid");
-        assert_eq!(syscall_tracepoint("sys_enter_read", &known).expect("known"), "sys_enter_read");
-        let err = syscall_tracepoint("enter_getpd", &known).expect_err("unknown").to_string();
+        assert_eq!(
+            syscall_tracepoint("enter_getpid", &known).expect("known"),
+            "sys_enter_getpid"
+        );
+        assert_eq!(
+            syscall_tracepoint("sys_enter_read", &known).expect("known"),
+            "sys_enter_read"
+        );
+        let err = syscall_tracepoint("enter_getpd", &known)
+            .expect_err("unknown")
+            .to_string();
         assert!(err.contains("did you mean enter_getpid"), "{err}");
-        let err = syscall_tracepoint("getpid", &known).expect_err("unknown").to_string();
-        assert!(err.contains("enter_getpid"), "a bare syscall name suggests its tracepoints: {err}");
+        let err = syscall_tracepoint("getpid", &known)
+            .expect_err("unknown")
+            .to_string();
+        assert!(
+            err.contains("enter_getpid"),
+            "a bare syscall name suggests its tracepoints: {err}"
+        );
     }
 }

@@ -32,8 +32,6 @@ pub struct RubyTarget {
     pub process: Process,
     pub version: RubyVersion,
     pub layout: Layout,
-    /// The file holding the VM (libruby or the ruby executable), as the target sees it.
-    pub vm_path: String,
     pub ec_access: EcAccess,
     /// Address of `ruby_global_symbols`, to name C methods; None if not found.
     pub global_symbols: Option<u64>,
@@ -45,13 +43,20 @@ impl RubyTarget {
     pub fn inspect(pid: u32, force_version: Option<&str>) -> Result<Self> {
         let process = Process::open(pid)?;
         let maps = process.maps()?;
-        let (image, vm_path, bias) = find_vm(&process, &maps)?;
+        let (image, _vm_path, bias) = find_vm(&process, &maps)?;
         let version_sym = image
             .symbol("ruby_version")
             .context("the Ruby VM has no ruby_version symbol")?;
-        let version_text = process
-            .read_cstr(bias + version_sym.value, 32)
-            .with_context(|| format!("reading ruby_version of process {pid}"))?;
+        let version_text = process.read_cstr(bias + version_sym.value, 32).map_err(|e| {
+            if e.raw_os_error() == Some(libc::EPERM) {
+                anyhow::Error::from(UserError::CannotReadMemory {
+                    pid,
+                    why: e.to_string(),
+                })
+            } else {
+                anyhow::Error::from(e).context(format!("reading ruby_version of process {pid}"))
+            }
+        })?;
         let version = RubyVersion::parse(&version_text).ok_or_else(|| UserError::NotRuby {
             pid,
             exe: process.exe_name(),
@@ -63,14 +68,20 @@ impl RubyTarget {
             None => version,
         };
         let layout = ruby_structs::layout_for(layout_version).map_err(UserError::from)?;
-        let ec_access = find_ec_access(&process, &image, bias, version, &layout)
-            .with_context(|| format!("finding how threads of Ruby {version} reach their execution context"))?;
+        if layout_version != version {
+            eprintln!(
+                "rprof: warning: Ruby {version} read with the Ruby {} layout (--force-version)",
+                layout.version
+            );
+        }
+        let ec_access = find_ec_access(&process, &image, bias, version, &layout).with_context(|| {
+            format!("finding how threads of Ruby {version} reach their execution context")
+        })?;
         let global_symbols = find_global_symbols(&process, &image, bias, &layout);
         Ok(Self {
             process,
             version,
             layout,
-            vm_path,
             ec_access,
             global_symbols,
         })
@@ -104,7 +115,9 @@ impl RubyTarget {
         // caught mid-update.
         while node != head && node != 0 && out.len() < 100_000 {
             let th = node - node_off as u64;
-            let tp = p.read_u64(th + t.native_thread_id as u64).context("reading a thread's id")?;
+            let tp = p
+                .read_u64(th + t.native_thread_id as u64)
+                .context("reading a thread's id")?;
             out.push((tp, th));
             node = p.read_u64(node).context("walking the VM's thread list")?;
         }
@@ -116,9 +129,13 @@ impl RubyTarget {
         let l = &self.layout;
         let (ec_access, ec_addr, tls_module) = match self.ec_access {
             EcAccess::Global { addr } => (types::rprof_ec_access::RPROF_EC_GLOBAL, addr, 0),
-            EcAccess::ThreadMap { .. } => (types::rprof_ec_access::RPROF_EC_THREAD_MAP, l.thread.ec as u64, 0),
+            EcAccess::ThreadMap { .. } => {
+                (types::rprof_ec_access::RPROF_EC_THREAD_MAP, l.thread.ec as u64, 0)
+            }
             EcAccess::TlsDtv { module, offset } => (types::rprof_ec_access::RPROF_EC_TLS_DTV, offset, module),
-            EcAccess::TlsTpOffset { offset } => (types::rprof_ec_access::RPROF_EC_TLS_TPOFF, offset as u64, 0),
+            EcAccess::TlsTpOffset { offset } => {
+                (types::rprof_ec_access::RPROF_EC_TLS_TPOFF, offset as u64, 0)
+            }
         };
         types::rprof_proc {
             ec_addr,
@@ -135,7 +152,8 @@ impl RubyTarget {
             // Thread-local ECs are checked on request (RPROF_VERIFY_EC=1, the
             // tests): a read or two per event that a correct recipe never needs.
             verify_thread: u32::from(
-                matches!(self.ec_access, EcAccess::Global { .. }) || std::env::var_os("RPROF_VERIFY_EC").is_some(),
+                matches!(self.ec_access, EcAccess::Global { .. })
+                    || std::env::var_os("RPROF_VERIFY_EC").is_some(),
             ),
             cfp_size: l.control_frame.size,
             cfp_pc: l.control_frame.pc,
@@ -200,18 +218,27 @@ fn find_ec_access(
     layout: &Layout,
 ) -> Result<EcAccess> {
     if version.major < 3 {
-        if let (Some(vm), Some(_)) = (image.symbol("ruby_current_vm_ptr"), layout.thread.vm_living_threads) {
-            return Ok(EcAccess::ThreadMap { vm_ptr: bias + vm.value });
+        if let (Some(vm), Some(_)) = (
+            image.symbol("ruby_current_vm_ptr"),
+            layout.thread.vm_living_threads,
+        ) {
+            return Ok(EcAccess::ThreadMap {
+                vm_ptr: bias + vm.value,
+            });
         }
         let sym = image
             .symbol("ruby_current_execution_context_ptr")
             .context("no ruby_current_execution_context_ptr symbol")?;
-        return Ok(EcAccess::Global { addr: bias + sym.value });
+        return Ok(EcAccess::Global {
+            addr: bias + sym.value,
+        });
     }
     if let Some(sym) = image.symbol("ruby_current_ec").filter(|s| s.tls) {
         if !image.is_shared_object() {
             // The executable's TLS block is the first, right below the thread pointer.
-            let tls = image.tls_segment().context("ruby_current_ec is TLS but there is no TLS segment")?;
+            let tls = image
+                .tls_segment()
+                .context("ruby_current_ec is TLS but there is no TLS segment")?;
             return Ok(EcAccess::TlsTpOffset {
                 offset: elf::exec_tls_tp_offset(tls, sym.value),
             });
@@ -227,7 +254,9 @@ fn find_ec_access(
                 });
             }
             Some(TlsReloc::Tpoff { got }) => {
-                let offset = process.read_u64(bias + got).context("reading the TLS offset from the GOT")? as i64;
+                let offset = process
+                    .read_u64(bias + got)
+                    .context("reading the TLS offset from the GOT")? as i64;
                 return Ok(EcAccess::TlsTpOffset { offset });
             }
             None => {}
@@ -236,7 +265,9 @@ fn find_ec_access(
     // Hidden symbol (Debian's 3.3+): an exported function that reads the EC shows the way.
     for func in ["rb_errinfo", "rb_current_execution_context", "rb_thread_current"] {
         let Some(sym) = image.symbol(func) else { continue };
-        let Some(code) = image.bytes_at(sym.value, 256) else { continue };
+        let Some(code) = image.bytes_at(sym.value, 256) else {
+            continue;
+        };
         match disasm::first_tls_access(&code, sym.value) {
             Some(TlsAccess::GeneralDynamic { tls_index }) => {
                 let module = process
@@ -248,10 +279,14 @@ fn find_ec_access(
                 return Ok(EcAccess::TlsDtv { module, offset });
             }
             Some(TlsAccess::InitialExec { got }) => {
-                let offset = process.read_u64(bias + got).context("reading the TLS offset from the GOT")? as i64;
+                let offset = process
+                    .read_u64(bias + got)
+                    .context("reading the TLS offset from the GOT")? as i64;
                 return Ok(EcAccess::TlsTpOffset { offset });
             }
-            Some(TlsAccess::LocalExec { tp_offset }) => return Ok(EcAccess::TlsTpOffset { offset: tp_offset }),
+            Some(TlsAccess::LocalExec { tp_offset }) => {
+                return Ok(EcAccess::TlsTpOffset { offset: tp_offset })
+            }
             None => {}
         }
     }

@@ -15,9 +15,18 @@ fn a_method_called_three_times_as_often_gets_75_percent() {
     assert!(run.success, "{}", run.stderr);
     let thrice = run.folded.count(|f| label(f) == "Object#thrice");
     let once = run.folded.count(|f| label(f) == "Object#once");
-    assert!(thrice + once > 1500, "too few samples: {thrice} + {once}\n{}", run.stderr);
+    assert!(
+        thrice + once > 1500,
+        "too few samples: {thrice} + {once}\n{}",
+        run.stderr
+    );
     let share = thrice as f64 / (thrice + once) as f64;
-    assert!((0.70..=0.80).contains(&share), "thrice got {:.1}% of {} samples", share * 100.0, thrice + once);
+    assert!(
+        (0.70..=0.80).contains(&share),
+        "thrice got {:.1}% of {} samples",
+        share * 100.0,
+        thrice + once
+    );
     // Every sample is accounted for in the profile.
     assert_eq!(run.folded.total(), run.summary("samples") - run.summary("lost"));
 }
@@ -31,17 +40,32 @@ fn each_thread_gets_its_own_stack_even_without_the_gvl() {
     for (stack, n) in &run.folded.stacks {
         let has_alpha = stack.iter().any(|f| label(f).contains("alpha_"));
         let has_beta = stack.iter().any(|f| label(f).contains("beta_"));
-        assert!(!(has_alpha && has_beta), "a stack mixes both threads ({n} samples): {stack:?}");
+        assert!(
+            !(has_alpha && has_beta),
+            "a stack mixes both threads ({n} samples): {stack:?}"
+        );
         if has_alpha {
-            assert_eq!(stack[0], format!("alpha [{alpha}]"), "alpha's frames under another thread");
+            assert_eq!(
+                stack[0],
+                format!("alpha [{alpha}]"),
+                "alpha's frames under another thread"
+            );
         }
         if has_beta {
-            assert_eq!(stack[0], format!("beta [{beta}]"), "beta's frames under another thread");
+            assert_eq!(
+                stack[0],
+                format!("beta [{beta}]"),
+                "beta's frames under another thread"
+            );
         }
     }
     let a = run.folded.of_thread(&alpha);
     let b = run.folded.of_thread(&beta);
-    assert!(a.count(|f| label(f) == "Object#alpha_work") > 100, "alpha barely sampled: {:?}", a.stacks);
+    assert!(
+        a.count(|f| label(f) == "Object#alpha_work") > 100,
+        "alpha barely sampled: {:?}",
+        a.stacks
+    );
     // beta runs zlib with the GVL released, on the other CPU, at the same time.
     let deflating = b.count(|f| label(f) == "Object#beta_work");
     assert!(deflating > 100, "beta's zlib work barely sampled: {:?}", b.stacks);
@@ -67,8 +91,16 @@ fn a_1500_deep_recursion_has_every_frame() {
     // descend(1500) .. descend(0): 1501 frames, each with its calling line.
     assert!(found.iter().all(|&d| d == 1501), "depths seen: {found:?}");
     for (stack, _) in &run.folded.stacks {
-        assert!(!stack.iter().any(|f| f == "[truncated]"), "1500 frames must not be truncated");
-        assert_eq!(label(&stack[1]), "<main>", "the root frame is the script: {:?}", &stack[..3]);
+        assert!(
+            !stack.iter().any(|f| f == "[truncated]"),
+            "1500 frames must not be truncated"
+        );
+        assert_eq!(
+            label(&stack[1]),
+            "<main>",
+            "the root frame is the script: {:?}",
+            &stack[..3]
+        );
     }
 }
 
@@ -85,11 +117,18 @@ fn a_stack_deeper_than_the_limit_is_cut_at_the_root_and_marked() {
         .collect();
     assert!(!in_spin.is_empty(), "{}", run.stderr);
     for (stack, _) in in_spin {
-        assert_eq!(stack[1], "[truncated]", "the cut is marked right under the thread");
+        assert_eq!(
+            stack[1], "[truncated]",
+            "the cut is marked right under the thread"
+        );
         let kept = stack.iter().filter(|f| label(f) == "Object#descend").count();
         assert!((4000..5001).contains(&kept), "kept {kept} frames");
     }
-    assert!(run.stderr.contains("truncated"), "the summary counts truncated stacks: {}", run.stderr);
+    assert!(
+        run.stderr.contains("truncated"),
+        "the summary counts truncated stacks: {}",
+        run.stderr
+    );
 }
 
 #[test]
@@ -98,8 +137,15 @@ fn a_target_that_exits_ends_the_recording_and_its_samples_are_written() {
     let started = std::time::Instant::now();
     let run = record(target.pid, &["-F", "499"]);
     assert!(run.success, "{}", run.stderr);
-    assert!(started.elapsed() < Duration::from_secs(10), "rprof kept running after the target exited");
-    assert!(run.folded.count(|f| label(f) == "Object#burn") > 100, "{:?}", run.folded.stacks);
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "rprof kept running after the target exited"
+    );
+    assert!(
+        run.folded.count(|f| label(f) == "Object#burn") > 100,
+        "{:?}",
+        run.folded.stacks
+    );
 }
 
 #[test]
@@ -108,7 +154,14 @@ fn ctrl_c_ends_the_recording_and_its_samples_are_written() {
     let dir = tempfile::tempdir().expect("tempdir");
     let out = dir.path().join("ctrl-c.folded");
     let mut child = std::process::Command::new(common::RPROF)
-        .args(["record", "-p", &target.pid.to_string(), "--format", "folded", "-o"])
+        .args([
+            "record",
+            "-p",
+            &target.pid.to_string(),
+            "--format",
+            "folded",
+            "-o",
+        ])
         .arg(&out)
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -126,7 +179,11 @@ fn ctrl_c_ends_the_recording_and_its_samples_are_written() {
     assert!(status.success(), "{status:?}: {rest}");
     assert!(rest.contains("samples"), "summary printed: {rest}");
     let folded = Folded::parse(&std::fs::read_to_string(&out).expect("output written"));
-    assert!(folded.count(|f| label(f) == "Object#thrice") > 10, "{:?}", folded.stacks);
+    assert!(
+        folded.count(|f| label(f) == "Object#thrice") > 10,
+        "{:?}",
+        folded.stacks
+    );
 }
 
 #[test]
@@ -150,14 +207,19 @@ fn default_output_is_an_icicle_svg_named_after_pid_and_time() {
         .unwrap_or_else(|| panic!("no {prefix}*.svg in {files:?}"));
     let stamp = &name[prefix.len()..name.len() - 4];
     assert!(
-        stamp.len() == 15 && stamp.as_bytes()[8] == b'-' && stamp.replace('-', "").chars().all(|c| c.is_ascii_digit()),
+        stamp.len() == 15
+            && stamp.as_bytes()[8] == b'-'
+            && stamp.replace('-', "").chars().all(|c| c.is_ascii_digit()),
         "timestamp {stamp:?} is not YYYYmmdd-HHMMSS"
     );
     let svg = std::fs::read_to_string(dir.path().join(name)).expect("svg");
     assert!(svg.contains("Object#thrice"), "the SVG names the hot method");
     assert!(svg.contains("inverted"), "icicle: root at the top");
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains(name.as_str()), "the summary names the file: {stderr}");
+    assert!(
+        stderr.contains(name.as_str()),
+        "the summary names the file: {stderr}"
+    );
 }
 
 #[test]
@@ -168,4 +230,49 @@ fn an_idle_ruby_gives_an_empty_profile_not_an_error() {
     assert_eq!(run.summary("lost"), 0);
     assert_eq!(run.summary("failed"), 0);
     let _ = rprof(&["--version"]);
+}
+
+#[test]
+fn a_recording_can_be_rendered_again_in_another_format() {
+    let target = Ruby::host().spawn("ratio.rb", &[]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let rec = dir.path().join("rec.rprof");
+    let out = rprof(&[
+        "record",
+        "-p",
+        &target.pid.to_string(),
+        "-d",
+        "1",
+        "--format",
+        "rprof",
+        "-o",
+        rec.to_str().expect("utf8"),
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let folded = dir.path().join("again.folded");
+    let out = rprof(&[
+        "report",
+        "-i",
+        rec.to_str().expect("utf8"),
+        "--format",
+        "folded",
+        "-o",
+        folded.to_str().expect("utf8"),
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let again = Folded::parse(&std::fs::read_to_string(&folded).expect("report wrote"));
+    assert!(
+        again.count(|f| label(f) == "Object#thrice") > 30,
+        "{:?}",
+        again.stacks
+    );
+    let out = rprof(&["report", "-i", rec.to_str().expect("utf8")]);
+    assert!(out.status.success());
+    assert!(
+        dir.path().join("rec.svg").exists(),
+        "the default output sits next to the input"
+    );
+    let out = rprof(&["report", "-i", folded.to_str().expect("utf8")]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is not an rprof recording"));
 }

@@ -12,9 +12,16 @@ fn error_line(out: &Output) -> String {
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(!out.status.success(), "rprof succeeded: {stderr}");
     assert!(!stderr.contains("panicked"), "rprof panicked: {stderr}");
-    let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("rprof: error: ")).collect();
+    let errors: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("rprof: error: "))
+        .collect();
     assert_eq!(errors.len(), 1, "want exactly one error line: {stderr:?}");
-    assert_eq!(stderr.trim_end().lines().count(), 1, "want nothing but the error line: {stderr:?}");
+    assert_eq!(
+        stderr.trim_end().lines().count(),
+        1,
+        "want nothing but the error line: {stderr:?}"
+    );
     errors[0].to_string()
 }
 
@@ -43,7 +50,13 @@ fn fake_ruby(dir: &std::path::Path) -> std::path::PathBuf {
     )
     .expect("write fake ruby");
     let exe = dir.join("fake-ruby");
-    let status = Command::new("cc").arg("-rdynamic").arg("-o").arg(&exe).arg(&src).status().expect("run cc");
+    let status = Command::new("cc")
+        .arg("-rdynamic")
+        .arg("-o")
+        .arg(&exe)
+        .arg(&src)
+        .status()
+        .expect("run cc");
     assert!(status.success(), "cc failed");
     exe
 }
@@ -62,9 +75,23 @@ fn unsupported_ruby_version_names_the_supported_ones_and_the_way_out() {
 fn without_root_it_names_the_missing_capabilities() {
     let target = Ruby::host().spawn("idle.rb", &[]);
     let out = Command::new("setpriv")
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all", "--bounding-set=-all"])
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--inh-caps=-all",
+            "--bounding-set=-all",
+        ])
         .arg(RPROF)
-        .args(["record", "-p", &target.pid.to_string(), "-d", "1", "-o", "/tmp/never-written.svg"])
+        .args([
+            "record",
+            "-p",
+            &target.pid.to_string(),
+            "-d",
+            "1",
+            "-o",
+            "/tmp/never-written.svg",
+        ])
         .output()
         .expect("run setpriv");
     let line = error_line(&out);
@@ -80,7 +107,16 @@ fn with_hidden(hide: &[&str], args: &[&str]) -> Output {
     }
     script.push_str("exec \"$@\"");
     Command::new("unshare")
-        .args(["--mount", "--propagation", "private", "sh", "-c", &script, "sh", RPROF])
+        .args([
+            "--mount",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",
+            &script,
+            "sh",
+            RPROF,
+        ])
         .args(args)
         .output()
         .expect("run unshare")
@@ -89,9 +125,15 @@ fn with_hidden(hide: &[&str], args: &[&str]) -> Output {
 #[test]
 fn without_kernel_btf_it_says_what_the_kernel_needs() {
     let target = Ruby::host().spawn("idle.rb", &[]);
-    let out = with_hidden(&["/sys/kernel/btf"], &["record", "-p", &target.pid.to_string(), "-d", "1"]);
+    let out = with_hidden(
+        &["/sys/kernel/btf"],
+        &["record", "-p", &target.pid.to_string(), "-d", "1"],
+    );
     let line = error_line(&out);
-    assert!(line.contains("BTF") && line.contains("CONFIG_DEBUG_INFO_BTF"), "{line}");
+    assert!(
+        line.contains("BTF") && line.contains("CONFIG_DEBUG_INFO_BTF"),
+        "{line}"
+    );
 }
 
 #[test]
@@ -99,17 +141,37 @@ fn without_tracefs_syscall_tracing_says_how_to_mount_it() {
     let target = Ruby::host().spawn("idle.rb", &[]);
     let out = with_hidden(
         &["/sys/kernel/tracing", "/sys/kernel/debug"],
-        &["record", "-p", &target.pid.to_string(), "-d", "1", "syscall", "enter_getpid"],
+        &[
+            "record",
+            "-p",
+            &target.pid.to_string(),
+            "-d",
+            "1",
+            "syscall",
+            "enter_getpid",
+        ],
     );
     let line = error_line(&out);
-    assert!(line.contains("tracefs") && line.contains("mount -t tracefs"), "{line}");
+    assert!(
+        line.contains("tracefs") && line.contains("mount -t tracefs"),
+        "{line}"
+    );
 }
 
 #[test]
 fn unknown_syscall_suggests_close_names() {
     let target = Ruby::host().spawn("idle.rb", &[]);
-    let line = error_line(&rprof(&["record", "-p", &target.pid.to_string(), "syscall", "enter_getpd"]));
-    assert!(line.contains("unknown system call tracepoint \"enter_getpd\""), "{line}");
+    let line = error_line(&rprof(&[
+        "record",
+        "-p",
+        &target.pid.to_string(),
+        "syscall",
+        "enter_getpd",
+    ]));
+    assert!(
+        line.contains("unknown system call tracepoint \"enter_getpd\""),
+        "{line}"
+    );
     assert!(line.contains("enter_getpid"), "{line}");
 }
 
@@ -124,4 +186,33 @@ fn out_of_range_frequency() {
 fn nothing_to_profile() {
     let line = error_line(&rprof(&["record", "-d", "1"]));
     assert!(line.contains("-p PID"), "{line}");
+}
+
+#[test]
+fn force_version_reads_a_ruby_with_another_versions_layout() {
+    let target = Ruby::named("3.4").spawn("ratio.rb", &[]);
+    let run = common::record(target.pid, &["-d", "1", "--force-version", "3.3"]);
+    assert!(run.success, "{}", run.stderr);
+    assert!(
+        run.stderr.contains("with the Ruby 3.3 layout (--force-version)"),
+        "{}",
+        run.stderr
+    );
+    // A borrowed layout may miss details (3.3 and 3.4 flag singleton classes
+    // differently) but still finds the methods and their lines.
+    assert!(
+        run.folded
+            .count(|f| f.contains("thrice (/tmp/rprof-tests/ratio.rb:4)"))
+            > 10,
+        "{:?}",
+        run.folded.stacks
+    );
+    let line = error_line(&rprof(&[
+        "record",
+        "-p",
+        &target.pid.to_string(),
+        "--force-version",
+        "three",
+    ]));
+    assert!(line.contains("--force-version \"three\""), "{line}");
 }

@@ -18,7 +18,10 @@ fn hot_lines() -> BTreeMap<String, u32> {
     let src = std::fs::read_to_string(common::scripts_dir().join("frames.rb")).expect("frames.rb");
     src.lines()
         .enumerate()
-        .filter_map(|(i, l)| l.split_once("# HOT ").map(|(_, tag)| (tag.trim().to_string(), i as u32 + 1)))
+        .filter_map(|(i, l)| {
+            l.split_once("# HOT ")
+                .map(|(_, tag)| (tag.trim().to_string(), i as u32 + 1))
+        })
         .collect()
 }
 
@@ -52,14 +55,28 @@ fn check_lines(r: &Ruby) {
                 }
             }
         }
-        assert!(total >= 20, "Ruby {}: only {total} samples in {tag:?}: {:#?}", r.name, labels_seen(&run.folded));
+        assert!(
+            total >= 20,
+            "Ruby {}: only {total} samples in {tag:?}: {:#?}",
+            r.name,
+            labels_seen(&run.folded)
+        );
         let share = at_line as f64 / total as f64;
-        assert!(share >= 0.95, "Ruby {}: {tag} at line {hot} in {:.1}% of {total} samples", r.name, share * 100.0);
+        assert!(
+            share >= 0.95,
+            "Ruby {}: {tag} at line {hot} in {:.1}% of {total} samples",
+            r.name,
+            share * 100.0
+        );
     }
 }
 
 fn labels_seen(folded: &Folded) -> Vec<String> {
-    let mut all: Vec<String> = folded.stacks.iter().flat_map(|(s, _)| s.iter().map(|f| label(f).to_string())).collect();
+    let mut all: Vec<String> = folded
+        .stacks
+        .iter()
+        .flat_map(|(s, _)| s.iter().map(|f| label(f).to_string()))
+        .collect();
     all.sort();
     all.dedup();
     all
@@ -68,14 +85,32 @@ fn labels_seen(folded: &Folded) -> Vec<String> {
 fn check_cfuncs(r: &Ruby) {
     let run = record_phase(r, "cfuncs", "3");
     let seen = labels_seen(&run.folded);
-    for want in ["Array#sort", "Integer#times", "Kernel#loop", "IO#write", "Object#cfuncs"] {
-        assert!(seen.iter().any(|s| s == want), "Ruby {}: no {want} frame in {seen:?}", r.name);
+    for want in [
+        "Array#sort",
+        "Integer#times",
+        "Kernel#loop",
+        "IO#write",
+        "Object#cfuncs",
+    ] {
+        assert!(
+            seen.iter().any(|s| s == want),
+            "Ruby {}: no {want} frame in {seen:?}",
+            r.name
+        );
     }
-    assert!(!seen.iter().any(|s| s.contains("unknown")), "Ruby {}: unnamed frames in {seen:?}", r.name);
+    assert!(
+        !seen.iter().any(|s| s.contains("unknown")),
+        "Ruby {}: unnamed frames in {seen:?}",
+        r.name
+    );
     // Array#sort is C on every version: a frame without a source line.
     for (stack, _) in &run.folded.stacks {
         for f in stack.iter().filter(|f| label(f) == "Array#sort") {
-            assert_eq!(f, "Array#sort", "Ruby {}: a C method has no line of its own", r.name);
+            assert_eq!(
+                f, "Array#sort",
+                "Ruby {}: a C method has no line of its own",
+                r.name
+            );
         }
     }
 }
@@ -86,10 +121,18 @@ fn check_eval(r: &Ruby) {
     for (stack, n) in &run.folded.stacks {
         let Some(leaf) = ruby_leaf(stack) else { continue };
         let path = leaf.rsplit_once(" (").map(|(_, p)| p).unwrap_or("");
-        assert!(path.starts_with("(eval"), "Ruby {}: eval'd code at {leaf:?}", r.name);
+        assert!(
+            path.starts_with("(eval"),
+            "Ruby {}: eval'd code at {leaf:?}",
+            r.name
+        );
         assert_eq!(line(leaf), Some(2), "Ruby {}: {leaf}", r.name);
         assert_eq!(label(leaf), "Object#eval_loop", "Ruby {}: {leaf}", r.name);
-        assert!(stack.iter().any(|f| f == "Kernel#eval"), "Ruby {}: {stack:?}", r.name);
+        assert!(
+            stack.iter().any(|f| f == "Kernel#eval"),
+            "Ruby {}: {stack:?}",
+            r.name
+        );
         in_eval += n;
     }
     assert!(in_eval > 100, "Ruby {}: {:?}", r.name, run.folded.stacks);
@@ -104,11 +147,19 @@ fn check_dash_e(r: &Ruby) {
             c
         }
     };
-    cmd.args(["-e", "$stdout.puts 'ready'; $stdout.flush\nx = 0\nx += 1 while true"]);
+    cmd.args([
+        "-e",
+        "$stdout.puts 'ready'; $stdout.flush\nx = 0\nx += 1 while true",
+    ]);
     let target = common::Target::start(&mut cmd);
     let run = record(target.pid, &["-d", "1", "-F", "499"]);
     assert!(run.success, "{}", run.stderr);
-    let leaves: Vec<&String> = run.folded.stacks.iter().filter_map(|(s, _)| ruby_leaf(s)).collect();
+    let leaves: Vec<&String> = run
+        .folded
+        .stacks
+        .iter()
+        .filter_map(|(s, _)| ruby_leaf(s))
+        .collect();
     assert!(!leaves.is_empty(), "Ruby {}: no samples", r.name);
     for leaf in leaves {
         assert_eq!(leaf, "<main> (-e:3)", "Ruby {}", r.name);
@@ -152,12 +203,22 @@ fn check_callers(r: &Ruby) {
             continue;
         }
         let ours: Vec<&String> = stack[1..].iter().rev().collect(); // leaf first, like caller_locations
-        assert_eq!(ours.len(), ruby_view.len(), "Ruby {}: ours {ours:?} vs Ruby's {ruby_view:?}", r.name);
+        assert_eq!(
+            ours.len(),
+            ruby_view.len(),
+            "Ruby {}: ours {ours:?} vs Ruby's {ruby_view:?}",
+            r.name
+        );
         for (i, (mine, (path, lineno, ruby_label))) in ours.iter().zip(&ruby_view).enumerate() {
             if r.name == "3.4" {
                 assert_eq!(label(mine), ruby_label, "Ruby 3.4 labels, frame {i}");
             } else {
-                assert_eq!(unqualified(label(mine)), *ruby_label, "Ruby {} frame {i}: {mine}", r.name);
+                assert_eq!(
+                    unqualified(label(mine)),
+                    *ruby_label,
+                    "Ruby {} frame {i}: {mine}",
+                    r.name
+                );
             }
             match line(mine) {
                 // The leaf runs its hot line; callers are where Ruby said they were.
@@ -171,7 +232,12 @@ fn check_callers(r: &Ruby) {
         }
         checked += n;
     }
-    assert!(checked > 100, "Ruby {}: {checked} samples in level3: {:?}", r.name, run.folded.stacks);
+    assert!(
+        checked > 100,
+        "Ruby {}: {checked} samples in level3: {:?}",
+        r.name,
+        run.folded.stacks
+    );
 }
 
 fn check_churn(r: &Ruby) {
@@ -181,7 +247,9 @@ fn check_churn(r: &Ruby) {
     let mut named = 0;
     for (stack, n) in &run.folded.stacks {
         for f in &stack[1..] {
-            let (Some(l), lbl) = (line(f), label(f)) else { continue };
+            let (Some(l), lbl) = (line(f), label(f)) else {
+                continue;
+            };
             // Code of frames.rb itself (eval'd methods live in "(eval ...)").
             if !f.contains("/frames.rb:") || f.contains("(eval") {
                 continue;
@@ -191,9 +259,16 @@ fn check_churn(r: &Ruby) {
                 continue;
             }
             let Some(&(start, end)) = defs.get(&method) else {
-                panic!("Ruby {}: frame {f:?} names a method frames.rb does not define", r.name)
+                panic!(
+                    "Ruby {}: frame {f:?} names a method frames.rb does not define",
+                    r.name
+                )
             };
-            assert!((start..=end).contains(&l), "Ruby {}: {f} is outside {method} ({start}..{end})", r.name);
+            assert!(
+                (start..=end).contains(&l),
+                "Ruby {}: {f} is outside {method} ({start}..{end})",
+                r.name
+            );
             named += n;
         }
     }
@@ -206,9 +281,16 @@ fn method_ranges(src: &str) -> BTreeMap<String, (u32, u32)> {
     let mut out = BTreeMap::new();
     for (i, l) in lines.iter().enumerate() {
         let t = l.trim_start();
-        let Some(rest) = t.strip_prefix("def ") else { continue };
+        let Some(rest) = t.strip_prefix("def ") else {
+            continue;
+        };
         let indent = l.len() - t.len();
-        let name = rest.trim_start_matches("self.").split(['(', ';', ' ']).next().unwrap_or("").to_string();
+        let name = rest
+            .trim_start_matches("self.")
+            .split(['(', ';', ' '])
+            .next()
+            .unwrap_or("")
+            .to_string();
         let end = lines[i + 1..]
             .iter()
             .position(|e| e.len() - e.trim_start().len() == indent && e.trim() == "end")
@@ -230,8 +312,17 @@ fn check_deep(r: &Ruby) {
         .filter(|(s, _)| s.last().is_some_and(|f| label(f) == "Object#spin"))
         .map(|(s, _)| s.iter().filter(|f| label(f) == "Object#descend").count())
         .collect();
-    assert!(!depths.is_empty(), "Ruby {}: {:?}", r.name, run.folded.stacks.first());
-    assert!(depths.iter().all(|&d| d == 1501), "Ruby {}: depths {depths:?}", r.name);
+    assert!(
+        !depths.is_empty(),
+        "Ruby {}: {:?}",
+        r.name,
+        run.folded.stacks.first()
+    );
+    assert!(
+        depths.iter().all(|&d| d == 1501),
+        "Ruby {}: depths {depths:?}",
+        r.name
+    );
 }
 
 fn check_threads(r: &Ruby) {
@@ -246,11 +337,21 @@ fn check_threads(r: &Ruby) {
         let has_beta = stack.iter().any(|f| label(f).contains("beta_"));
         assert!(!(has_alpha && has_beta), "Ruby {}: {stack:?}", r.name);
         if has_alpha {
-            assert!(stack[0].starts_with("alpha ["), "Ruby {}: alpha's code under {}", r.name, stack[0]);
+            assert!(
+                stack[0].starts_with("alpha ["),
+                "Ruby {}: alpha's code under {}",
+                r.name,
+                stack[0]
+            );
             alpha += n;
         }
         if has_beta {
-            assert!(stack[0].starts_with("beta ["), "Ruby {}: beta's code under {}", r.name, stack[0]);
+            assert!(
+                stack[0].starts_with("beta ["),
+                "Ruby {}: beta's code under {}",
+                r.name,
+                stack[0]
+            );
             beta += n;
         }
         if stack[0].starts_with("beta [") && stack.iter().any(|f| f.contains("GVL released")) {
@@ -261,7 +362,10 @@ fn check_threads(r: &Ruby) {
     if r.name == "2.7" {
         // Ruby 2.7 keeps one EC for the whole VM: beta's GVL-free time is
         // shown as such, never under alpha's stack.
-        assert!(beta + beta_unknown > 100, "Ruby 2.7: beta {beta} + {beta_unknown} unknown");
+        assert!(
+            beta + beta_unknown > 100,
+            "Ruby 2.7: beta {beta} + {beta_unknown} unknown"
+        );
     } else {
         // Some zlib versions (3.4's) take the GVL back per chunk: beta runs less.
         assert!(beta > 20, "Ruby {}: beta {beta}", r.name);

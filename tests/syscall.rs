@@ -19,39 +19,77 @@ fn has_chain(stack: &[String], chain: &[&str]) -> bool {
 }
 
 fn no_foreign_ec(stderr: &str) {
-    assert!(!stderr.contains("another thread"), "an EC of another thread was read: {stderr}");
+    assert!(
+        !stderr.contains("another thread"),
+        "an EC of another thread was read: {stderr}"
+    );
 }
 
 #[test]
 fn a_syscall_made_without_the_gvl_is_charged_to_its_own_thread() {
     let target = Ruby::host().spawn("syscalls.rb", &["stat"]);
-    let (caller, cruncher) = (target.get("syscaller").to_string(), target.get("cruncher").to_string());
+    let (caller, cruncher) = (
+        target.get("syscaller").to_string(),
+        target.get("cruncher").to_string(),
+    );
     let run = record(target.pid, &["-d", "2", "syscall", "enter_newfstatat"]);
     assert!(run.success, "{}", run.stderr);
     no_foreign_ec(&run.stderr);
     let mine = run.folded.of_thread(&caller);
-    assert!(mine.total() > 20, "too few events of the syscalling thread: {:?}", run.folded.stacks);
+    assert!(
+        mine.total() > 20,
+        "too few events of the syscalling thread: {:?}",
+        run.folded.stacks
+    );
     for (stack, n) in &run.folded.stacks {
         let l = labels(stack);
-        assert!(!l.iter().any(|f| ["Object#a", "Object#b", "Object#c"].contains(f)), "{n} events blamed on the cruncher's code: {stack:?}");
-        assert_eq!(l.last(), Some(&"enter_newfstatat"), "the leaf names the syscall: {stack:?}");
+        assert!(
+            !l.iter().any(|f| ["Object#a", "Object#b", "Object#c"].contains(f)),
+            "{n} events blamed on the cruncher's code: {stack:?}"
+        );
+        assert_eq!(
+            l.last(),
+            Some(&"enter_newfstatat"),
+            "the leaf names the syscall: {stack:?}"
+        );
         if stack[0].ends_with(&format!("[{caller}]")) {
-            assert!(has_chain(stack, &["Object#x", "Object#y", "Object#z", "File.exist?"]), "{stack:?}");
+            assert!(
+                has_chain(stack, &["Object#x", "Object#y", "Object#z", "File.exist?"]),
+                "{stack:?}"
+            );
         }
     }
-    assert_eq!(run.folded.of_thread(&cruncher).total(), 0, "the cruncher makes no newfstatat call");
+    assert_eq!(
+        run.folded.of_thread(&cruncher).total(),
+        0,
+        "the cruncher makes no newfstatat call"
+    );
 }
 
 #[test]
 fn getpid_events_carry_the_stack_of_the_thread_that_made_them() {
     let target = Ruby::host().spawn("syscalls.rb", &["getpid"]);
-    let (caller, cruncher) = (target.get("syscaller").to_string(), target.get("cruncher").to_string());
+    let (caller, cruncher) = (
+        target.get("syscaller").to_string(),
+        target.get("cruncher").to_string(),
+    );
     // RPROF_VERIFY_EC=1: BPF also checks, for every event, that the EC it read
     // belongs to the thread that made the call (its rb_thread_t's native id is
     // that thread's pthread), and counts any that does not.
-    let run = record_with_env(target.pid, &["-d", "2", "syscall", "enter_getpid"], &[("RPROF_VERIFY_EC", "1")]);
+    let run = record_with_env(
+        target.pid,
+        &["-d", "2", "syscall", "enter_getpid"],
+        &[("RPROF_VERIFY_EC", "1")],
+    );
     assert!(run.success, "{}", run.stderr);
     no_foreign_ec(&run.stderr);
+    let events = run.summary("events");
+    assert!(
+        run.stderr
+            .contains(&format!("{events} checked to be the thread's own EC")),
+        "every event's EC was checked: {}",
+        run.stderr
+    );
     let mut chained = 0;
     for (stack, n) in &run.folded.stacks {
         let l = labels(stack);
@@ -59,17 +97,30 @@ fn getpid_events_carry_the_stack_of_the_thread_that_made_them() {
         let abc = l.iter().any(|f| ["Object#a", "Object#b", "Object#c"].contains(f));
         assert!(!(xyz && abc), "a stack mixes both threads: {stack:?}");
         if stack[0].ends_with(&format!("[{caller}]")) {
-            assert!(!abc, "{n} of the syscaller's events carry the writer's stack: {stack:?}");
+            assert!(
+                !abc,
+                "{n} of the syscaller's events carry the writer's stack: {stack:?}"
+            );
             if has_chain(stack, &["Object#x", "Object#y", "Object#z", "Process.pid"]) {
                 chained += n;
             }
         } else if stack[0].ends_with(&format!("[{cruncher}]")) {
-            assert!(!xyz, "{n} of the writer's events carry the syscaller's stack: {stack:?}");
+            assert!(
+                !xyz,
+                "{n} of the writer's events carry the syscaller's stack: {stack:?}"
+            );
         } else {
-            assert!(!xyz && !abc, "Ruby frames under a thread that runs none: {stack:?}");
+            assert!(
+                !xyz && !abc,
+                "Ruby frames under a thread that runs none: {stack:?}"
+            );
         }
     }
-    assert!(chained > 100, "few getpid events under x -> y -> z -> pid: {:?}", run.folded.stacks);
+    assert!(
+        chained > 100,
+        "few getpid events under x -> y -> z -> pid: {:?}",
+        run.folded.stacks
+    );
 }
 
 #[test]
@@ -79,11 +130,17 @@ fn a_target_pinned_to_another_cpu_is_traced() {
     assert!(cpus > 1, "this test needs a CPU other than 0");
     let ruby = Ruby::host();
     let mut cmd = Command::new("taskset");
-    cmd.args(["-c", &cpu, &ruby.exe]).arg(ruby.script_path("syscalls.rb")).arg("stat");
+    cmd.args(["-c", &cpu, &ruby.exe])
+        .arg(ruby.script_path("syscalls.rb"))
+        .arg("stat");
     let target = Target::start(&mut cmd);
     let run = record(target.pid, &["-d", "2", "syscall", "enter_newfstatat"]);
     assert!(run.success, "{}", run.stderr);
-    assert!(run.folded.of_thread(target.get("syscaller")).total() > 20, "{:?}", run.folded.stacks);
+    assert!(
+        run.folded.of_thread(target.get("syscaller")).total() > 20,
+        "{:?}",
+        run.folded.stacks
+    );
 }
 
 /// Starts count.rb with N, records enter_getppid until it exits, and returns
@@ -96,7 +153,15 @@ fn count_run(n: u64, extra: &[&str]) -> (Folded, common::Run) {
     let dir = tempfile::tempdir().expect("tempdir");
     let out = dir.path().join("count.folded");
     let pid = target.pid.to_string();
-    let mut args = vec!["record", "-p", &pid, "--format", "folded", "-o", out.to_str().expect("utf8")];
+    let mut args = vec![
+        "record",
+        "-p",
+        &pid,
+        "--format",
+        "folded",
+        "-o",
+        out.to_str().expect("utf8"),
+    ];
     args.extend_from_slice(extra);
     args.extend_from_slice(&["syscall", "enter_getppid"]);
     let mut child = Command::new(common::RPROF)
@@ -118,7 +183,11 @@ fn count_run(n: u64, extra: &[&str]) -> (Folded, common::Run) {
     std::io::Read::read_to_string(&mut stderr, &mut rest).expect("stderr");
     assert!(status.success(), "{rest}");
     let folded = Folded::parse(&std::fs::read_to_string(&out).expect("output"));
-    let run = common::Run { folded: Folded::default(), stderr: rest, success: true };
+    let run = common::Run {
+        folded: Folded::default(),
+        stderr: rest,
+        success: true,
+    };
     (folded, run)
 }
 
@@ -129,10 +198,18 @@ fn every_event_is_counted_or_reported_lost() {
     let recorded = folded.count(|f| f == "enter_getppid");
     let lost = run.summary("lost");
     assert_eq!(run.summary("events"), n, "{}", run.stderr);
-    assert_eq!(recorded + lost, n, "recorded {recorded} + lost {lost} != made {n}");
+    assert_eq!(
+        recorded + lost,
+        n,
+        "recorded {recorded} + lost {lost} != made {n}"
+    );
     assert_eq!(lost, 0, "nothing should be lost at this rate: {}", run.stderr);
     let in_loop = folded.count(|f| label(f) == "Object#call_ppid");
-    assert!(in_loop as f64 >= 0.99 * n as f64, "{in_loop} of {n} events under call_ppid: {:?}", folded.stacks);
+    assert!(
+        in_loop as f64 >= 0.99 * n as f64,
+        "{in_loop} of {n} events under call_ppid: {:?}",
+        folded.stacks
+    );
 }
 
 #[test]

@@ -90,11 +90,53 @@ impl fmt::Display for Frame {
 
 /// Stacks (root first) with their sample counts. Frames are interned.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(from = "SavedProfile", into = "SavedProfile")]
 pub struct Profile {
     frames: Vec<Frame>,
-    #[serde(skip)]
     index: HashMap<Frame, u32>,
     stacks: HashMap<Vec<u32>, u64>,
+}
+
+/// A profile as saved: frames, and stacks as (frame indexes, count) pairs.
+#[derive(Serialize, Deserialize)]
+struct SavedProfile {
+    frames: Vec<Frame>,
+    stacks: Vec<(Vec<u32>, u64)>,
+}
+
+impl From<Profile> for SavedProfile {
+    fn from(p: Profile) -> Self {
+        let mut stacks: Vec<(Vec<u32>, u64)> = p.stacks.into_iter().collect();
+        stacks.sort();
+        SavedProfile {
+            frames: p.frames,
+            stacks,
+        }
+    }
+}
+
+impl From<SavedProfile> for Profile {
+    fn from(saved: SavedProfile) -> Self {
+        let index = saved
+            .frames
+            .iter()
+            .enumerate()
+            .map(|(i, f)| (f.clone(), i as u32))
+            .collect();
+        let n = saved.frames.len() as u32;
+        let mut stacks = HashMap::new();
+        for (ids, count) in saved.stacks {
+            // A damaged file must not index past the frames.
+            if ids.iter().all(|&i| i < n) {
+                *stacks.entry(ids).or_insert(0) += count;
+            }
+        }
+        Profile {
+            frames: saved.frames,
+            index,
+            stacks,
+        }
+    }
 }
 
 impl Profile {
@@ -169,9 +211,8 @@ impl Profile {
             inferno::flamegraph::Direction::Straight
         };
         opts.hash = true;
-        opts.colors = inferno::flamegraph::color::Palette::Basic(
-            inferno::flamegraph::color::BasicPalette::Hot,
-        );
+        opts.colors =
+            inferno::flamegraph::color::Palette::Basic(inferno::flamegraph::color::BasicPalette::Hot);
         if lines.is_empty() {
             // inferno refuses an empty profile; say so in the picture instead.
             opts.subtitle = Some("no samples were recorded".to_string());
@@ -224,8 +265,22 @@ mod tests {
     fn sample() -> Profile {
         let mut p = Profile::default();
         let t = Frame::thread("worker [7]");
-        p.add(&[t.clone(), Frame::code("a", "x.rb", 1), Frame::native("Integer#times")], 3);
-        p.add(&[t.clone(), Frame::code("a", "x.rb", 1), Frame::native("Integer#times")], 2);
+        p.add(
+            &[
+                t.clone(),
+                Frame::code("a", "x.rb", 1),
+                Frame::native("Integer#times"),
+            ],
+            3,
+        );
+        p.add(
+            &[
+                t.clone(),
+                Frame::code("a", "x.rb", 1),
+                Frame::native("Integer#times"),
+            ],
+            2,
+        );
         p.add(&[t, Frame::code("b;c", "x.rb", 9)], 1);
         p
     }
@@ -248,7 +303,10 @@ mod tests {
         sample().write_svg(&mut out, &SvgOptions::default()).expect("svg");
         let svg = String::from_utf8(out).expect("utf8");
         assert!(svg.contains("Integer#times"));
-        assert!(svg.contains("inverted"), "icicle graphs are inferno's inverted direction");
+        assert!(
+            svg.contains("inverted"),
+            "icicle graphs are inferno's inverted direction"
+        );
         let mut out = Vec::new();
         Profile::default()
             .write_svg(&mut out, &SvgOptions::default())

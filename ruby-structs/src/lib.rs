@@ -211,7 +211,9 @@ pub struct Layout {
     pub symbols: Symbols,
 }
 
-/// The layout files, embedded at build time. Keep sorted by version.
+/// The layout files, embedded at build time, sorted by version. A file named
+/// for a patch release ("3.4.2") overrides its minor version's file from that
+/// patch on, for the releases where Ruby changed a layout in a patch.
 const LAYOUTS: &[(&str, &str)] = &[
     ("2.7", include_str!("../layouts/2.7.toml")),
     ("3.1", include_str!("../layouts/3.1.toml")),
@@ -268,7 +270,11 @@ pub enum LayoutError {
 
 /// The minor versions with a layout, e.g. ["2.7", "3.1", ...].
 pub fn supported_versions() -> Vec<&'static str> {
-    LAYOUTS.iter().map(|(v, _)| *v).collect()
+    LAYOUTS
+        .iter()
+        .map(|(v, _)| *v)
+        .filter(|v| v.matches('.').count() == 1)
+        .collect()
 }
 
 fn parse(file: &str, text: &str) -> Result<Layout, LayoutError> {
@@ -278,10 +284,23 @@ fn parse(file: &str, text: &str) -> Result<Layout, LayoutError> {
     })
 }
 
-/// The layout for a Ruby version, by its minor version.
+/// Which of `files` describes `version`: the newest patch-level file at or
+/// below its patch release, else its minor version's file.
+fn pick<'a>(files: &[&'a str], version: RubyVersion) -> Option<&'a str> {
+    let minor = version.minor_key();
+    let patch_file = files
+        .iter()
+        .filter_map(|f| RubyVersion::parse(f).map(|v| (*f, v)))
+        .filter(|(f, v)| f.matches('.').count() == 2 && v.minor_key() == minor && v.patch <= version.patch)
+        .max_by_key(|(_, v)| v.patch)
+        .map(|(f, _)| f);
+    patch_file.or_else(|| files.iter().copied().find(|f| *f == minor))
+}
+
+/// The layout for a Ruby version.
 pub fn layout_for(version: RubyVersion) -> Result<Layout, LayoutError> {
-    let key = version.minor_key();
-    match LAYOUTS.iter().find(|(v, _)| *v == key) {
+    let files: Vec<&str> = LAYOUTS.iter().map(|(v, _)| *v).collect();
+    match pick(&files, version).and_then(|f| LAYOUTS.iter().find(|(v, _)| *v == f)) {
         Some((file, text)) => parse(file, text),
         None => Err(LayoutError::Unsupported {
             version,
@@ -294,9 +313,9 @@ pub fn layout_for(version: RubyVersion) -> Result<Layout, LayoutError> {
 /// The supported minor version closest to (and preferably below) `version`.
 pub fn nearest(version: RubyVersion) -> &'static str {
     let wanted = (version.major, version.minor);
-    let parsed: Vec<(&'static str, (u32, u32))> = LAYOUTS
-        .iter()
-        .filter_map(|(v, _)| RubyVersion::parse(v).map(|r| (*v, (r.major, r.minor))))
+    let parsed: Vec<(&'static str, (u32, u32))> = supported_versions()
+        .into_iter()
+        .filter_map(|v| RubyVersion::parse(v).map(|r| (v, (r.major, r.minor))))
         .collect();
     parsed
         .iter()
@@ -317,8 +336,24 @@ mod tests {
             let layout = parse(file, text).expect("layout parses");
             assert_eq!(&layout.version, file);
             assert!(layout.control_frame.size == 56 || layout.control_frame.size == 64);
-            assert!(layout.execution_context.thread_ptr < 64, "BPF reads the first 64 bytes of the EC");
+            assert!(
+                layout.execution_context.thread_ptr < 64,
+                "BPF reads the first 64 bytes of the EC"
+            );
         }
+    }
+
+    #[test]
+    fn patch_level_files_override_their_minor_from_that_patch_on() {
+        let files = ["3.3", "3.4", "3.4.2", "3.4.7"];
+        let v = |s: &str| RubyVersion::parse(s).expect("parses");
+        assert_eq!(pick(&files, v("3.4.0")), Some("3.4"));
+        assert_eq!(pick(&files, v("3.4.1")), Some("3.4"));
+        assert_eq!(pick(&files, v("3.4.2")), Some("3.4.2"));
+        assert_eq!(pick(&files, v("3.4.6")), Some("3.4.2"));
+        assert_eq!(pick(&files, v("3.4.11")), Some("3.4.7"));
+        assert_eq!(pick(&files, v("3.3.8")), Some("3.3"));
+        assert_eq!(pick(&files, v("3.2.0")), None);
     }
 
     #[test]

@@ -37,7 +37,11 @@ pub struct Ruby {
 impl Ruby {
     /// Debian 12's ruby on the host.
     pub fn host() -> Ruby {
-        Ruby { name: "3.1".into(), root: None, exe: "ruby".into() }
+        Ruby {
+            name: "3.1".into(),
+            root: None,
+            exe: "ruby".into(),
+        }
     }
 
     /// A Ruby the suite covers, by name: "2.7", "3.1", "3.1-static", "3.3",
@@ -52,14 +56,26 @@ impl Ruby {
                 "Ruby {name} chroot missing at {}: run scripts/setup-rubies.sh {name}",
                 root.display()
             );
-            Ruby { name: name.into(), root: Some(root), exe: exe.into() }
+            Ruby {
+                name: name.into(),
+                root: Some(root),
+                exe: exe.into(),
+            }
         };
         match name {
             "3.1" => Ruby::host(),
             "3.1-static" => {
                 let exe = cache.join("ruby-3.1-static/bin/ruby");
-                assert!(exe.exists(), "static Ruby missing at {}: run scripts/setup-rubies.sh static", exe.display());
-                Ruby { name: name.into(), root: None, exe: exe.display().to_string() }
+                assert!(
+                    exe.exists(),
+                    "static Ruby missing at {}: run scripts/setup-rubies.sh static",
+                    exe.display()
+                );
+                Ruby {
+                    name: name.into(),
+                    root: None,
+                    exe: exe.display().to_string(),
+                }
             }
             "2.7" | "3.3" => chroot("ruby"),
             "3.4" => chroot("ruby3.4"),
@@ -130,7 +146,13 @@ impl Target {
             }
         });
         let pid = child.id();
-        let mut target = Target { child, pid, info: BTreeMap::new(), before_ready: Vec::new(), lines: rx };
+        let mut target = Target {
+            child,
+            pid,
+            info: BTreeMap::new(),
+            before_ready: Vec::new(),
+            lines: rx,
+        };
         let ready = target.wait_line("ready", Duration::from_secs(60));
         target.info = ready
             .split_whitespace()
@@ -155,7 +177,9 @@ impl Target {
     }
 
     pub fn get(&self, key: &str) -> &str {
-        self.info.get(key).unwrap_or_else(|| panic!("ready line has no {key}=: {:?}", self.info))
+        self.info
+            .get(key)
+            .unwrap_or_else(|| panic!("ready line has no {key}=: {:?}", self.info))
     }
 }
 
@@ -183,7 +207,10 @@ impl Folded {
             .filter(|l| !l.is_empty())
             .map(|l| {
                 let (stack, count) = l.rsplit_once(' ').expect("folded line has a count");
-                (stack.split(';').map(str::to_string).collect(), count.parse().expect("count"))
+                (
+                    stack.split(';').map(str::to_string).collect(),
+                    count.parse().expect("count"),
+                )
             })
             .collect();
         Folded { stacks }
@@ -195,14 +222,23 @@ impl Folded {
 
     /// Samples whose stack has a frame satisfying `pred`.
     pub fn count(&self, pred: impl Fn(&str) -> bool) -> u64 {
-        self.stacks.iter().filter(|(s, _)| s.iter().any(|f| pred(f))).map(|(_, n)| n).sum()
+        self.stacks
+            .iter()
+            .filter(|(s, _)| s.iter().any(|f| pred(f)))
+            .map(|(_, n)| n)
+            .sum()
     }
 
     /// Samples of the thread whose root frame ends with `[tid]`.
     pub fn of_thread(&self, tid: &str) -> Folded {
         let suffix = format!("[{tid}]");
         Folded {
-            stacks: self.stacks.iter().filter(|(s, _)| s[0].ends_with(&suffix)).cloned().collect(),
+            stacks: self
+                .stacks
+                .iter()
+                .filter(|(s, _)| s[0].ends_with(&suffix))
+                .cloned()
+                .collect(),
         }
     }
 }
@@ -237,9 +273,17 @@ impl Run {
             .lines()
             .find(|l| l.contains(" samples, ") || l.contains(" events, "))
             .unwrap_or_else(|| panic!("no summary line in {:?}", self.stderr));
-        let words: Vec<&str> = line.split(|c: char| c == ',' || c == ' ' || c == ':' || c == ';').filter(|w| !w.is_empty()).collect();
-        let at = words.iter().position(|w| *w == what).unwrap_or_else(|| panic!("no {what} in {line:?}"));
-        words[at - 1].parse().unwrap_or_else(|_| panic!("no number before {what} in {line:?}"))
+        let words: Vec<&str> = line
+            .split([',', ' ', ':', ';'])
+            .filter(|w| !w.is_empty())
+            .collect();
+        let at = words
+            .iter()
+            .position(|w| *w == what)
+            .unwrap_or_else(|| panic!("no {what} in {line:?}"));
+        words[at - 1]
+            .parse()
+            .unwrap_or_else(|_| panic!("no number before {what} in {line:?}"))
     }
 }
 
@@ -253,11 +297,29 @@ pub fn record_with_env(pid: u32, args: &[&str], env: &[(&str, &str)]) -> Run {
     let dir = tempfile::tempdir().expect("tempdir");
     let out = dir.path().join("out.folded");
     let pid_s = pid.to_string();
-    let mut all = vec!["record", "-p", &pid_s, "--format", "folded", "-o", out.to_str().expect("utf8")];
+    let mut all = vec![
+        "record",
+        "-p",
+        &pid_s,
+        "--format",
+        "folded",
+        "-o",
+        out.to_str().expect("utf8"),
+    ];
     all.extend_from_slice(args);
-    let output = Command::new(RPROF).args(&all).envs(env.iter().copied()).output().expect("run rprof");
+    let output = Command::new(RPROF)
+        .args(&all)
+        .envs(env.iter().copied())
+        .output()
+        .expect("run rprof");
     let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
     assert!(!stderr.contains("panicked"), "rprof panicked: {stderr}");
-    let folded = std::fs::read_to_string(&out).map(|t| Folded::parse(&t)).unwrap_or_default();
-    Run { folded, stderr, success: output.status.success() }
+    let folded = std::fs::read_to_string(&out)
+        .map(|t| Folded::parse(&t))
+        .unwrap_or_default();
+    Run {
+        folded,
+        stderr,
+        success: output.status.success(),
+    }
 }
