@@ -17,6 +17,8 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
 #define EEXIST	  17
 #define CFP_BYTES (RPROF_CFP_CHUNK * RPROF_MAX_CFP_SIZE)
+/* Unread bytes in the ring buffer past which each record wakes userspace. */
+#define RING_WAKEUP_BYTES (4 << 20)
 /*
  * `len` clamped to `max` (a power of two), in a form the verifier can bound:
  * the barrier stops clang from dropping the mask it deems redundant.
@@ -58,12 +60,26 @@ struct {
 	__uint(max_entries, 8 << 20); /* resized by userspace */
 } samples SEC(".maps");
 
+#define COUNTS_MAP                                                                                 \
+	struct {                                                                                   \
+		__uint(type, BPF_MAP_TYPE_HASH);                                                   \
+		__uint(max_entries, 65536);                                                        \
+		__type(key, __u64);                                                                \
+		__type(value, struct rprof_stack_count);                                           \
+	}
+
+COUNTS_MAP counts0 SEC(".maps");
+COUNTS_MAP counts1 SEC(".maps");
+
+/* counts[epoch & 1] is the live counts map; the other is being drained. */
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 65536);
-	__type(key, struct rprof_count_key);
-	__type(value, struct rprof_stack_count);
-} counts SEC(".maps");
+	__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);
+	__uint(max_entries, 2);
+	__type(key, __u32);
+	__array(values, COUNTS_MAP);
+} counts SEC(".maps") = {
+    .values = {&counts0, &counts1},
+};
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -80,7 +96,7 @@ struct {
 	__type(value, struct scratch);
 } scratch SEC(".maps");
 
-/* Current counts epoch; userspace bumps it, then drains older entries. */
+/* Current counts epoch; userspace bumps it, then drains the other map. */
 volatile __u64 epoch;
 
 /* Keep the shared types in BTF so the skeleton generates them for Rust. */
@@ -143,21 +159,29 @@ static __always_inline __u64 cfp_field(struct scratch *s, __u32 base, __u32 off)
 }
 
 /* ep[-2..0] (me_cref, specval, flags), from the copied value stack when it is there. */
+/* Out of the copied window: a read of the target's memory. */
+static __noinline int read_env_slow(__u64 lo, __u64 *env)
+{
+	return bpf_probe_read_user(env, 24, (void *)lo);
+}
+
 static __always_inline int read_env(struct walk_ctx *w, __u64 ep, __u64 env[3])
 {
 	__u64 lo = ep - 16;
 
 	if (lo >= w->win_lo && ep + 8 <= w->win_hi) {
 		__u64 off = lo - w->win_lo;
+		const __u64 *src;
 
 		if (off > RPROF_VSTACK_WINDOW - 24)
 			return -1;
-		/* Kept a byte-wise copy: word loads here trip a verifier bug in
-		 * precision tracking on some kernels (6.18). */
-		__builtin_memcpy(env, w->s->vstack + off, 24);
+		src = (const __u64 *)(w->s->vstack + off);
+		env[0] = src[0];
+		env[1] = src[1];
+		env[2] = src[2];
 		return 0;
 	}
-	return bpf_probe_read_user(env, 24, (void *)lo);
+	return read_env_slow(lo, env);
 }
 
 /* The method entry of a Ruby frame, found as Ruby's rb_vm_frame_method_entry does. */
@@ -385,6 +409,7 @@ static __always_inline void walk_stack(struct walk_ctx *w, __u64 ec, __u64 tp)
 static __always_inline long emit(struct scratch *s)
 {
 	__u64 size = sizeof(s->hdr) + (__u64)s->hdr.nframes * sizeof(struct rprof_frame);
+	__u64 flags;
 
 	/* Only records carry the thread's name: most events are just counted. */
 	bpf_get_current_comm(s->hdr.comm, sizeof(s->hdr.comm));
@@ -393,20 +418,31 @@ static __always_inline long emit(struct scratch *s)
 	asm volatile("" : "+r"(size));
 	if (size > sizeof(s->hdr) + sizeof(s->frames))
 		return -1;
-	return bpf_ringbuf_output(&samples, s, size, 0);
+	/* No wakeup per record: userspace polls every few tens of milliseconds,
+	 * which saves it a context switch per sample. Wake it early only when
+	 * the buffer is filling up. */
+	flags = bpf_ringbuf_query(&samples, BPF_RB_AVAIL_DATA) > RING_WAKEUP_BYTES
+		    ? BPF_RB_FORCE_WAKEUP
+		    : BPF_RB_NO_WAKEUP;
+	return bpf_ringbuf_output(&samples, s, size, flags);
 }
 
 static __always_inline void count_stack(struct scratch *s)
 {
-	struct rprof_count_key key = {.hash = s->hdr.hash, .epoch = epoch};
-	struct rprof_stack_count *c, init = {};
+	struct rprof_stack_count *c = 0, init = {};
+	__u32 live = epoch & 1;
+	__u64 key = s->hdr.hash;
+	void *map;
 	long err;
 
-	c = bpf_map_lookup_elem(&counts, &key);
-	if (!c) {
-		err = bpf_map_update_elem(&counts, &key, &init, BPF_NOEXIST);
-		if (!err || err == -EEXIST)
-			c = bpf_map_lookup_elem(&counts, &key);
+	map = bpf_map_lookup_elem(&counts, &live);
+	if (map) {
+		c = bpf_map_lookup_elem(map, &key);
+		if (!c) {
+			err = bpf_map_update_elem(map, &key, &init, BPF_NOEXIST);
+			if (!err || err == -EEXIST)
+				c = bpf_map_lookup_elem(map, &key);
+		}
 	}
 	if (!c) {
 		/* The map is full: send this one event on its own. */

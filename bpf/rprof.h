@@ -103,15 +103,11 @@ struct rprof_sample_header {
 };
 
 /*
- * Key and value of the in-kernel `counts` map. Userspace bumps the global
- * `epoch` to drain a closed epoch's entries while BPF fills the next one; the
- * first event of a stack in each epoch sends the stack through the ring buffer.
+ * Value of the in-kernel counts maps (key: the stack's hash). There are two:
+ * BPF counts into counts[epoch & 1] while userspace drains the other, then
+ * userspace bumps `epoch`. The first event of a stack in each epoch sends the
+ * stack itself through the ring buffer.
  */
-struct rprof_count_key {
-	__u64 hash;
-	__u64 epoch;
-};
-
 struct rprof_stack_count {
 	__u64 count;
 	__u64 emitted; /* the stack reached the ring buffer this epoch */

@@ -27,7 +27,6 @@ use skel::{RprofSkel, RprofSkelBuilder};
 unsafe impl plain::Plain for types::rprof_proc {}
 unsafe impl plain::Plain for types::rprof_sample_header {}
 unsafe impl plain::Plain for types::rprof_frame {}
-unsafe impl plain::Plain for types::rprof_count_key {}
 unsafe impl plain::Plain for types::rprof_stack_count {}
 unsafe impl plain::Plain for types::rprof_thread_key {}
 
@@ -226,6 +225,8 @@ impl Probe {
             Err(e) if e.kind() == libbpf_rs::ErrorKind::Interrupted => {}
             other => other.context("polling the ring buffer")?,
         }
+        // BPF only wakes us when the buffer fills up: read what is there anyway.
+        self.ring.consume().context("reading the ring buffer")?;
         self.drain_queue(&mut f);
         Ok(())
     }
@@ -256,23 +257,23 @@ impl Probe {
         self.ring.consume().context("reading the ring buffer")?;
         self.drain_queue(&mut on_sample);
 
-        let map = &self.skel.maps.counts;
-        let keys: Vec<Vec<u8>> = map.keys().collect();
-        for key_bytes in keys {
-            let mut key = types::rprof_count_key::default();
-            if plain::copy_from_bytes(&mut key, &key_bytes).is_err() || key.epoch > closed {
-                continue;
+        let map = if closed & 1 == 0 {
+            &self.skel.maps.counts0
+        } else {
+            &self.skel.maps.counts1
+        };
+        // Nothing writes the closed map any more: empty it in a few batches.
+        let drained = map
+            .lookup_and_delete_batch(4096, MapFlags::ANY, MapFlags::ANY)
+            .context("draining the stack counts")?;
+        for (key, value) in drained {
+            let mut count = types::rprof_stack_count::default();
+            if let (Ok(hash), Ok(())) = (
+                key.as_slice().try_into().map(u64::from_ne_bytes),
+                plain::copy_from_bytes(&mut count, &value),
+            ) {
+                on_count(hash, count.count);
             }
-            if let Some(value) = map
-                .lookup(&key_bytes, MapFlags::ANY)
-                .context("reading a stack count")?
-            {
-                let mut count = types::rprof_stack_count::default();
-                if plain::copy_from_bytes(&mut count, &value).is_ok() {
-                    on_count(key.hash, count.count);
-                }
-            }
-            let _ = map.delete(&key_bytes);
         }
         Ok(())
     }

@@ -26,7 +26,7 @@ use crate::target::RubyTarget;
 pub const MAX_FREQUENCY: u64 = 100_000;
 /// How often the in-kernel counts are collected (and caches refreshed).
 const EPOCH: Duration = Duration::from_millis(500);
-const POLL: Duration = Duration::from_millis(50);
+const POLL: Duration = Duration::from_millis(10);
 
 pub enum Target {
     Pid(u32),
@@ -219,6 +219,8 @@ struct Collector {
     profile: Profile,
     /// Counted events whose stack never reached userspace (ring buffer full).
     undelivered: u64,
+    /// Frames shown as `[unknown]`, counted once per stack that has them.
+    unknown_frames: u64,
 }
 
 impl Collector {
@@ -230,20 +232,32 @@ impl Collector {
             generation: 0,
             profile: Profile::default(),
             undelivered: 0,
+            unknown_frames: 0,
         }
     }
 
     fn on_sample(&mut self, s: Sample) {
-        let stack = self.build_stack(&s);
+        let (stack, unknown) = self.build_stack(&s);
         if s.has(types::rprof_sample_flags::RPROF_SAMPLE_DIRECT) {
+            self.unknown_frames += unknown;
             self.profile.add(&stack, 1);
-        } else {
-            self.stacks.insert(s.header.hash, (stack, self.generation));
+            return;
         }
+        // The same frames (same hash) read well in an earlier epoch: if they
+        // cannot be read now (the target just exited), that reading stands.
+        if unknown > 0 {
+            if let Some((_, gen)) = self.stacks.get_mut(&s.header.hash) {
+                *gen = self.generation;
+                return;
+            }
+        }
+        self.unknown_frames += unknown;
+        self.stacks.insert(s.header.hash, (stack, self.generation));
     }
 
-    /// Root first: thread, [truncated], Ruby frames, then the traced event.
-    fn build_stack(&mut self, s: &Sample) -> Vec<Frame> {
+    /// Root first: thread, [truncated], Ruby frames, then the traced event;
+    /// and how many frames could not be named.
+    fn build_stack(&mut self, s: &Sample) -> (Vec<Frame>, u64) {
         let h = &s.header;
         let comm: Vec<u8> = h.comm.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
         let mut stack = Vec::with_capacity(s.frames.len() + 3);
@@ -260,8 +274,12 @@ impl Collector {
         if s.has(types::rprof_sample_flags::RPROF_SAMPLE_TRUNCATED) {
             stack.push(Frame::marker("[truncated]"));
         }
+        let mut unknown = 0;
         for f in s.frames.iter().rev() {
-            stack.push(self.resolver.frame(f));
+            stack.push(self.resolver.frame(f).unwrap_or_else(|| {
+                unknown += 1;
+                Frame::marker("[unknown]")
+            }));
         }
         if h.event > 0 {
             let name = self
@@ -271,7 +289,7 @@ impl Collector {
                 .unwrap_or_else(|| format!("event {}", h.event));
             stack.push(Frame::event(name));
         }
-        stack
+        (stack, unknown)
     }
 
     fn close_epoch(&mut self, probe: &mut Probe) -> Result<()> {
@@ -318,8 +336,8 @@ fn print_summary(r: &Recording, stats: &Stats, c: &Collector, output: &Path, ela
     if stats.truncated > 0 {
         notes.push(format!("{} truncated at the root", stats.truncated));
     }
-    if c.resolver.unknown_frames > 0 {
-        notes.push(format!("{} frames [unknown]", c.resolver.unknown_frames));
+    if c.unknown_frames > 0 {
+        notes.push(format!("{} frames [unknown]", c.unknown_frames));
     }
     if stats.no_ec > 0 {
         notes.push(format!("{} in threads running no Ruby", stats.no_ec));

@@ -44,8 +44,6 @@ pub struct Resolver {
     labels: HashMap<(u64, u64), Option<String>>,
     /// Name of a class or module, and whether it is permanent (not anonymous).
     class_names: HashMap<u64, Option<(String, bool)>>,
-    /// Frames that could not be named (shown as `[unknown]`).
-    pub unknown_frames: u64,
 }
 
 impl Resolver {
@@ -58,7 +56,6 @@ impl Resolver {
             lines: HashMap::new(),
             labels: HashMap::new(),
             class_names: HashMap::new(),
-            unknown_frames: 0,
         }
     }
 
@@ -70,16 +67,14 @@ impl Resolver {
         self.class_names.clear();
     }
 
-    pub fn frame(&mut self, f: &types::rprof_frame) -> Frame {
-        let resolved = if f.iseq != 0 {
+    /// The frame, or None if its data could not be read or no longer makes
+    /// sense (freed, moved by GC, the process gone).
+    pub fn frame(&mut self, f: &types::rprof_frame) -> Option<Frame> {
+        if f.iseq != 0 {
             self.ruby_frame(f.iseq, f.pc, f.cme)
         } else {
             self.cfunc_frame(f.cme)
-        };
-        resolved.unwrap_or_else(|| {
-            self.unknown_frames += 1;
-            Frame::marker("[unknown]")
-        })
+        }
     }
 
     fn ruby_frame(&mut self, iseq: u64, pc: u64, cme: u64) -> Option<Frame> {
