@@ -86,9 +86,16 @@ impl Probe {
             .scratch
             .set_max_entries(cpus * 2)
             .context("sizing the scratch map")?;
+        // RPROF_RING_BYTES (a power of two, at least a page) shrinks the ring
+        // buffer: the tests use it to make records overflow.
+        let ring_bytes = std::env::var("RPROF_RING_BYTES")
+            .ok()
+            .and_then(|v| v.parse::<u32>().ok())
+            .filter(|b| b.is_power_of_two() && *b >= 4096)
+            .unwrap_or(RING_BYTES);
         open.maps
             .samples
-            .set_max_entries(RING_BYTES)
+            .set_max_entries(ring_bytes)
             .context("sizing the ring buffer")?;
         let skel: &'static RprofSkel<'static> = Box::leak(Box::new(
             open.load()

@@ -276,3 +276,69 @@ fn a_recording_can_be_rendered_again_in_another_format() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("is not an rprof recording"));
 }
+
+#[test]
+fn a_full_ring_buffer_loses_samples_that_are_counted_and_reported() {
+    // A 4 KiB ring buffer cannot hold one 1,500-frame stack (36 KiB): every
+    // stack is refused, and every sample must show up as lost, none vanish.
+    let target = Ruby::host().spawn("deep.rb", &["1500"]);
+    let run = common::record_with_env(
+        target.pid,
+        &["-d", "1", "-F", "499"],
+        &[("RPROF_RING_BYTES", "4096")],
+    );
+    assert!(run.success, "{}", run.stderr);
+    let samples = run.summary("samples");
+    let lost = run.summary("lost");
+    assert!(samples > 200, "{}", run.stderr);
+    assert_eq!(lost + run.folded.total(), samples, "{}", run.stderr);
+    assert!(lost as f64 > 0.9 * samples as f64, "{}", run.stderr);
+}
+
+#[test]
+fn sampling_at_10_khz_works() {
+    let target = Ruby::host().spawn("ratio.rb", &[]);
+    let run = record(target.pid, &["-d", "1", "-F", "10000"]);
+    assert!(run.success, "{}", run.stderr);
+    let samples = run.summary("samples");
+    // One busy thread, so about one CPU's worth: 10,000 a second.
+    assert!(
+        (7000..=11_000).contains(&samples),
+        "{samples} samples in 1s at 10 kHz: {}",
+        run.stderr
+    );
+    assert_eq!(run.summary("lost"), 0, "{}", run.stderr);
+    assert!(
+        run.folded.count(|f| label(f) == "Object#thrice") > 5000,
+        "{}",
+        run.stderr
+    );
+}
+
+#[test]
+fn a_command_after_the_double_dash_is_started_and_profiled_to_its_end() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = dir.path().join("launch.folded");
+    let script = common::scripts_dir().join("short.rb");
+    let output = std::process::Command::new(common::RPROF)
+        .args(["record", "-F", "499", "--format", "folded", "-o"])
+        .arg(&out)
+        .arg("--")
+        .arg("ruby")
+        .arg(&script)
+        .arg("1.5")
+        .stdout(std::process::Stdio::null())
+        .output()
+        .expect("run rprof");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let folded = Folded::parse(&std::fs::read_to_string(&out).expect("output written"));
+    assert!(
+        folded.count(|f| label(f) == "Object#burn") > 300,
+        "{:?}",
+        folded.stacks
+    );
+}

@@ -220,3 +220,40 @@ fn syscall_list_names_tracepoints() {
     assert!(list.lines().any(|l| l == "enter_getpid"), "{list}");
     assert!(list.lines().any(|l| l == "exit_read"), "{list}");
 }
+
+#[test]
+fn a_thread_without_a_ruby_ec_is_shown_by_its_name_alone() {
+    // Ruby 3.3 runs a timer thread with no execution context; it waits in
+    // epoll while the two Ruby threads share the GVL.
+    let target = Ruby::named("3.3").spawn("threads.rb", &[]);
+    let ruby_threads = [target.get("alpha"), target.get("beta"), target.get("main")];
+    let run = record(target.pid, &["-d", "2", "syscall", "enter_epoll_wait"]);
+    assert!(run.success, "{}", run.stderr);
+    let mut native = 0;
+    for (stack, n) in &run.folded.stacks {
+        let tid = stack[0]
+            .rsplit_once('[')
+            .map(|(_, t)| t.trim_end_matches(']'))
+            .unwrap_or("");
+        if ruby_threads.contains(&tid) {
+            continue;
+        }
+        assert_eq!(
+            stack.len(),
+            2,
+            "a thread without EC has no Ruby frames: {stack:?}"
+        );
+        assert_eq!(stack[1], "enter_epoll_wait");
+        native += n;
+    }
+    assert!(
+        native > 0,
+        "the timer thread's epoll_wait calls: {:?}",
+        run.folded.stacks
+    );
+    assert!(
+        run.stderr.contains("in threads running no Ruby"),
+        "{}",
+        run.stderr
+    );
+}
