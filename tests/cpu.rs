@@ -151,34 +151,13 @@ fn a_target_that_exits_ends_the_recording_and_its_samples_are_written() {
 #[test]
 fn ctrl_c_ends_the_recording_and_its_samples_are_written() {
     let target = Ruby::host().spawn("ratio.rb", &[]);
-    let dir = tempfile::tempdir().expect("tempdir");
-    let out = dir.path().join("ctrl-c.folded");
-    let mut child = std::process::Command::new(common::RPROF)
-        .args([
-            "record",
-            "-p",
-            &target.pid.to_string(),
-            "--format",
-            "folded",
-            "-o",
-        ])
-        .arg(&out)
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("start rprof");
-    let mut stderr = std::io::BufReader::new(child.stderr.take().expect("stderr"));
-    let mut first = String::new();
-    std::io::BufRead::read_line(&mut stderr, &mut first).expect("rprof announces itself");
-    assert!(first.contains("recording"), "{first}");
+    let rprof = common::attach(target.pid, &[]);
     std::thread::sleep(Duration::from_millis(1500));
-    // SAFETY: sending SIGINT to a child we started.
-    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
-    let status = child.wait().expect("rprof exits after Ctrl-C");
-    let mut rest = String::new();
-    std::io::Read::read_to_string(&mut stderr, &mut rest).expect("stderr");
-    assert!(status.success(), "{status:?}: {rest}");
-    assert!(rest.contains("samples"), "summary printed: {rest}");
-    let folded = Folded::parse(&std::fs::read_to_string(&out).expect("output written"));
+    rprof.interrupt();
+    let run = rprof.finish();
+    assert!(run.success, "{}", run.stderr);
+    assert!(run.stderr.contains("samples"), "summary printed: {}", run.stderr);
+    let folded = run.folded;
     assert!(
         folded.count(|f| label(f) == "Object#thrice") > 10,
         "{:?}",
@@ -300,16 +279,17 @@ fn sampling_at_10_khz_works() {
     let target = Ruby::host().spawn("ratio.rb", &[]);
     let run = record(target.pid, &["-d", "1", "-F", "10000"]);
     assert!(run.success, "{}", run.stderr);
+    // One busy thread for one second: a sample every 100 microseconds (the
+    // suite runs one test at a time, so the target has a CPU to itself).
     let samples = run.summary("samples");
-    // One busy thread, so about one CPU's worth: 10,000 a second.
     assert!(
-        (7000..=11_000).contains(&samples),
-        "{samples} samples in 1s at 10 kHz: {}",
+        (8_000..=11_000).contains(&samples),
+        "{samples} samples in 1 s at 10 kHz: {}",
         run.stderr
     );
     assert_eq!(run.summary("lost"), 0, "{}", run.stderr);
     assert!(
-        run.folded.count(|f| label(f) == "Object#thrice") > 5000,
+        run.folded.count(|f| label(f) == "Object#thrice") > samples / 2,
         "{}",
         run.stderr
     );

@@ -7,7 +7,7 @@ use std::io::Write;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{label, record, record_with_env, rprof, Folded, Ruby, Target};
+use common::{label, record, record_with_env, rprof, Ruby, Target};
 
 fn labels(stack: &[String]) -> Vec<&str> {
     stack.iter().map(|f| label(f)).collect()
@@ -145,56 +145,27 @@ fn a_target_pinned_to_another_cpu_is_traced() {
 
 /// Starts count.rb with N, records enter_getppid until it exits, and returns
 /// the recording: it made exactly N getppid calls.
-fn count_run(n: u64, extra: &[&str]) -> (Folded, common::Run) {
+fn count_run(n: u64) -> common::Run {
     let ruby = Ruby::host();
     let mut cmd = ruby.command("count.rb", &[&n.to_string()]);
     cmd.stdin(Stdio::piped());
     let mut target = Target::start(&mut cmd);
-    let dir = tempfile::tempdir().expect("tempdir");
-    let out = dir.path().join("count.folded");
-    let pid = target.pid.to_string();
-    let mut args = vec![
-        "record",
-        "-p",
-        &pid,
-        "--format",
-        "folded",
-        "-o",
-        out.to_str().expect("utf8"),
-    ];
-    args.extend_from_slice(extra);
-    args.extend_from_slice(&["syscall", "enter_getppid"]);
-    let mut child = Command::new(common::RPROF)
-        .args(&args)
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start rprof");
-    let mut stderr = std::io::BufReader::new(child.stderr.take().expect("stderr"));
-    let mut first = String::new();
-    std::io::BufRead::read_line(&mut stderr, &mut first).expect("rprof announces itself");
-    assert!(first.contains("recording"), "{first}");
+    let rprof = common::attach(target.pid, &["syscall", "enter_getppid"]);
     // Attached: let the target make its calls.
     let mut stdin = target.child.stdin.take().expect("stdin");
     writeln!(stdin, "go").expect("send go");
     let done = target.wait_line("done", Duration::from_secs(120));
     assert_eq!(done, format!("done {n}"));
-    let status = child.wait().expect("rprof ends with the target");
-    let mut rest = String::new();
-    std::io::Read::read_to_string(&mut stderr, &mut rest).expect("stderr");
-    assert!(status.success(), "{rest}");
-    let folded = Folded::parse(&std::fs::read_to_string(&out).expect("output"));
-    let run = common::Run {
-        folded: Folded::default(),
-        stderr: rest,
-        success: true,
-    };
-    (folded, run)
+    let run = rprof.finish();
+    assert!(run.success, "{}", run.stderr);
+    run
 }
 
 #[test]
 fn every_event_is_counted_or_reported_lost() {
     let n = 300_000;
-    let (folded, run) = count_run(n, &[]);
+    let run = count_run(n);
+    let folded = &run.folded;
     let recorded = folded.count(|f| f == "enter_getppid");
     let lost = run.summary("lost");
     assert_eq!(run.summary("events"), n, "{}", run.stderr);

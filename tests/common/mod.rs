@@ -323,3 +323,58 @@ pub fn record_with_env(pid: u32, args: &[&str], env: &[(&str, &str)]) -> Run {
         success: output.status.success(),
     }
 }
+
+/// `rprof record -p PID --format folded -o TMP ARGS...` running in the
+/// background, once it has said it is recording.
+pub struct Attached {
+    pub child: Child,
+    stderr: BufReader<std::process::ChildStderr>,
+    out: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+pub fn attach(pid: u32, args: &[&str]) -> Attached {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = dir.path().join("out.folded");
+    let mut child = Command::new(RPROF)
+        .args(["record", "-p", &pid.to_string(), "--format", "folded", "-o"])
+        .arg(&out)
+        .args(args)
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start rprof");
+    let mut stderr = BufReader::new(child.stderr.take().expect("stderr"));
+    let mut first = String::new();
+    stderr.read_line(&mut first).expect("rprof announces itself");
+    assert!(first.contains("recording"), "{first}");
+    Attached {
+        child,
+        stderr,
+        out,
+        _dir: dir,
+    }
+}
+
+impl Attached {
+    /// Ctrl-C.
+    pub fn interrupt(&self) {
+        // SAFETY: sending SIGINT to a child we started.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
+    }
+
+    /// Waits for rprof to end and reads what it printed and wrote.
+    pub fn finish(mut self) -> Run {
+        let status = self.child.wait().expect("rprof ends");
+        let mut stderr = String::new();
+        std::io::Read::read_to_string(&mut self.stderr, &mut stderr).expect("stderr");
+        assert!(!stderr.contains("panicked"), "rprof panicked: {stderr}");
+        let folded = std::fs::read_to_string(&self.out)
+            .map(|t| Folded::parse(&t))
+            .unwrap_or_default();
+        Run {
+            folded,
+            stderr,
+            success: status.success(),
+        }
+    }
+}
