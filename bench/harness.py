@@ -77,3 +77,38 @@ def table(rows, headers):
 def need_root():
     if os.geteuid() != 0:
         sys.exit("benchmarks load BPF programs: run them as root")
+
+
+class BpfStats:
+    """Run time of a process's BPF programs of one type, from the kernel's
+    BPF statistics (kernel.bpf_stats_enabled, switched on while in use)."""
+
+    PERF_EVENT = 7
+    TRACEPOINT = 5
+
+    def __enter__(self):
+        with open("/proc/sys/kernel/bpf_stats_enabled") as f:
+            self.old = f.read().strip()
+        with open("/proc/sys/kernel/bpf_stats_enabled", "w") as f:
+            f.write("1")
+        return self
+
+    def __exit__(self, *exc):
+        with open("/proc/sys/kernel/bpf_stats_enabled", "w") as f:
+            f.write(self.old)
+
+    @staticmethod
+    def read(pid, prog_type):
+        """(nanoseconds, runs) of `pid`'s BPF programs of `prog_type`."""
+        ns = runs = 0
+        fd_dir = f"/proc/{pid}/fdinfo"
+        for fd in os.listdir(fd_dir):
+            try:
+                with open(os.path.join(fd_dir, fd)) as f:
+                    info = dict(l.split(":", 1) for l in f.read().splitlines() if ":" in l)
+            except OSError:
+                continue
+            if info.get("prog_type", "").strip() == str(prog_type):
+                ns += int(info.get("run_time_ns", "0"))
+                runs += int(info.get("run_cnt", "0"))
+        return ns, runs
