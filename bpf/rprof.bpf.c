@@ -35,7 +35,7 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 struct scratch {
 	struct rprof_sample_header hdr;
 	struct rprof_frame frames[RPROF_MAX_FRAMES]; /* must follow hdr directly */
-	/* Twice the largest read, so a masked length always fits (see BOUNDED). */
+	/* Twice the largest read, so a masked length always fits (see CLAMPED). */
 	__u8 cfps[2 * CFP_BYTES];
 	__u8 vstack[2 * RPROF_VSTACK_WINDOW];
 };
