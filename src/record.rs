@@ -129,8 +129,13 @@ pub fn record(cfg: RecordConfig) -> Result<()> {
     let mut collector = Collector::new(&target, event_names.clone());
     let started = Instant::now();
     let mut epoch_started = Instant::now();
+    // An error while recording still writes what was collected before it.
+    let mut recording_error = None;
     loop {
-        probe.poll(POLL, |s| collector.on_sample(s))?;
+        if let Err(e) = probe.poll(POLL, |s| collector.on_sample(s)) {
+            recording_error = Some(e);
+            break;
+        }
         if stop.load(Ordering::SeqCst)
             || cfg.duration.is_some_and(|d| started.elapsed() >= d)
             || !target.process.is_alive()
@@ -141,17 +146,25 @@ pub fn record(cfg: RecordConfig) -> Result<()> {
             break;
         }
         if epoch_started.elapsed() >= EPOCH {
-            collector.close_epoch(&mut probe)?;
+            if let Err(e) = collector.close_epoch(&mut probe) {
+                recording_error = Some(e);
+                break;
+            }
             // Threads come and go; a dead target's list is simply not read.
             if let Ok(threads) = target.ruby_threads() {
-                probe.set_threads(pid, &threads)?;
+                if let Err(e) = probe.set_threads(pid, &threads) {
+                    recording_error = Some(e);
+                    break;
+                }
             }
             epoch_started = Instant::now();
         }
     }
     probe.detach();
-    collector.close_epoch(&mut probe)?;
-    let stats = probe.stats()?;
+    if let Err(e) = collector.close_epoch(&mut probe) {
+        recording_error.get_or_insert(e);
+    }
+    let stats = probe.stats().unwrap_or_default();
     probe.remove_process(pid);
 
     let output = cfg
@@ -161,6 +174,9 @@ pub fn record(cfg: RecordConfig) -> Result<()> {
     let recording = collector.finish(&target, &stats, event_names.join(","));
     write_output(&recording, &output, cfg.format)?;
     print_summary(&recording, &stats, &collector, &output, started.elapsed());
+    if let Some(e) = recording_error {
+        return Err(e.context("recording stopped early (what was collected is written)"));
+    }
     if let Some(mut c) = child {
         if !matches!(c.try_wait(), Ok(Some(_))) {
             eprintln!(
