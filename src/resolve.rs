@@ -121,7 +121,7 @@ impl Resolver {
         }
         let id = self.process.read_u64(def + l.def_original_id as u64).ok()?;
         let name = self.id_name(id)?;
-        let owner = self.method_owner(cme);
+        let owner = self.owner_of(cme);
         Some(self.method_name(owner, &name))
     }
 
@@ -131,6 +131,11 @@ impl Resolver {
         if !self.is_imemo(cme, self.layout.imemo.type_ment) {
             return None;
         }
+        self.owner_of(cme)
+    }
+
+    /// The owner of a method entry already checked to be one.
+    fn owner_of(&self, cme: u64) -> Option<u64> {
         self.process
             .read_u64(cme + self.layout.method_entry.owner as u64)
             .ok()
@@ -188,13 +193,13 @@ impl Resolver {
             return name.to_string();
         };
         let v = &self.layout.value;
-        let Some(t) = self.builtin_type(owner) else {
+        let Some(flags) = self.flags(owner) else {
             return name.to_string();
         };
+        let t = flags & v.type_mask;
         if t != v.t_class && t != v.t_module {
             return name.to_string();
         }
-        let flags = self.process.read_u64(owner).unwrap_or(0);
         if t == v.t_class && flags & v.fl_singleton != 0 {
             let attached = self.attached_object(owner);
             if let Some(obj) = attached {
@@ -304,18 +309,21 @@ impl Resolver {
         v >= 0x1000 && v & 7 == 0
     }
 
-    fn builtin_type(&self, v: u64) -> Option<u64> {
+    /// The flags word (`RBasic.flags`) of a heap object; None for special
+    /// constants and unreadable addresses.
+    fn flags(&self, v: u64) -> Option<u64> {
         if !Self::is_object(v) {
             return None;
         }
-        Some(self.process.read_u64(v).ok()? & self.layout.value.type_mask)
+        self.process.read_u64(v).ok()
+    }
+
+    fn builtin_type(&self, v: u64) -> Option<u64> {
+        Some(self.flags(v)? & self.layout.value.type_mask)
     }
 
     fn is_imemo(&self, v: u64, imemo_type: u64) -> bool {
-        let Some(flags) = Self::is_object(v)
-            .then(|| self.process.read_u64(v).ok())
-            .flatten()
-        else {
+        let Some(flags) = self.flags(v) else {
             return false;
         };
         let l = &self.layout;
@@ -381,7 +389,7 @@ impl Resolver {
 
     fn rstring(&self, s: u64) -> Option<String> {
         let l = &self.layout.string;
-        let flags = self.process.read_u64(s).ok().filter(|_| Self::is_object(s))?;
+        let flags = self.flags(s)?;
         if flags & self.layout.value.type_mask != self.layout.value.t_string {
             return None;
         }
@@ -404,7 +412,7 @@ impl Resolver {
 
     fn rarray_entry(&self, ary: u64, index: u64) -> Option<u64> {
         let l = &self.layout.array;
-        let flags = self.process.read_u64(ary).ok()?;
+        let flags = self.flags(ary)?;
         if flags & self.layout.value.type_mask != self.layout.value.t_array {
             return None;
         }

@@ -217,6 +217,12 @@ fn find_ec_access(
     version: RubyVersion,
     layout: &Layout,
 ) -> Result<EcAccess> {
+    // A GOT slot of the running process, as the dynamic linker filled it in.
+    let got_slot = |addr: u64, what: &str| -> Result<u64> {
+        process
+            .read_u64(bias + addr)
+            .with_context(|| format!("reading the TLS {what} from the GOT"))
+    };
     if version.major < 3 {
         if let (Some(vm), Some(_)) = (
             image.symbol("ruby_current_vm_ptr"),
@@ -245,19 +251,15 @@ fn find_ec_access(
         }
         match image.tls_reloc("ruby_current_ec") {
             Some(TlsReloc::Dtpmod { got }) => {
-                let module = process
-                    .read_u64(bias + got)
-                    .context("reading the TLS module id from the GOT")?;
                 return Ok(EcAccess::TlsDtv {
-                    module,
+                    module: got_slot(got, "module id")?,
                     offset: sym.value,
                 });
             }
             Some(TlsReloc::Tpoff { got }) => {
-                let offset = process
-                    .read_u64(bias + got)
-                    .context("reading the TLS offset from the GOT")? as i64;
-                return Ok(EcAccess::TlsTpOffset { offset });
+                return Ok(EcAccess::TlsTpOffset {
+                    offset: got_slot(got, "offset")? as i64,
+                });
             }
             None => {}
         }
@@ -270,19 +272,16 @@ fn find_ec_access(
         };
         match disasm::first_tls_access(&code, sym.value) {
             Some(TlsAccess::GeneralDynamic { tls_index }) => {
-                let module = process
-                    .read_u64(bias + tls_index)
-                    .context("reading the TLS module id from the GOT")?;
-                let offset = process
-                    .read_u64(bias + tls_index + 8)
-                    .context("reading the TLS offset from the GOT")?;
-                return Ok(EcAccess::TlsDtv { module, offset });
+                // tls_index: { module id, offset }
+                return Ok(EcAccess::TlsDtv {
+                    module: got_slot(tls_index, "module id")?,
+                    offset: got_slot(tls_index + 8, "offset")?,
+                });
             }
             Some(TlsAccess::InitialExec { got }) => {
-                let offset = process
-                    .read_u64(bias + got)
-                    .context("reading the TLS offset from the GOT")? as i64;
-                return Ok(EcAccess::TlsTpOffset { offset });
+                return Ok(EcAccess::TlsTpOffset {
+                    offset: got_slot(got, "offset")? as i64,
+                });
             }
             Some(TlsAccess::LocalExec { tp_offset }) => {
                 return Ok(EcAccess::TlsTpOffset { offset: tp_offset })
