@@ -71,22 +71,12 @@ fn each_thread_gets_its_own_stack_even_without_the_gvl() {
     assert!(deflating > 100, "beta's zlib work barely sampled: {:?}", b.stacks);
 }
 
-/// Frames of `label` in every stack that reaches `leaf`.
-fn depths(folded: &Folded, frame_label: &str, leaf: &str) -> Vec<usize> {
-    folded
-        .stacks
-        .iter()
-        .filter(|(s, _)| s.last().is_some_and(|f| label(f) == leaf))
-        .map(|(s, _)| s.iter().filter(|f| label(f) == frame_label).count())
-        .collect()
-}
-
 #[test]
 fn a_1500_deep_recursion_has_every_frame() {
     let target = Ruby::host().spawn("deep.rb", &["1500"]);
     let run = record(target.pid, &["-d", "2", "-F", "199"]);
     assert!(run.success, "{}", run.stderr);
-    let found = depths(&run.folded, "Object#descend", "Object#spin");
+    let found = run.folded.depths("Object#descend", "Object#spin");
     assert!(!found.is_empty(), "no sample in spin: {}", run.stderr);
     // descend(1500) .. descend(0): 1501 frames, each with its calling line.
     assert!(found.iter().all(|&d| d == 1501), "depths seen: {found:?}");

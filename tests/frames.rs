@@ -139,15 +139,7 @@ fn check_eval(r: &Ruby) {
 }
 
 fn check_dash_e(r: &Ruby) {
-    let mut cmd = match &r.root {
-        None => std::process::Command::new(&r.exe),
-        Some(root) => {
-            let mut c = std::process::Command::new("chroot");
-            c.arg(root).arg(&r.exe);
-            c
-        }
-    };
-    cmd.args([
+    let mut cmd = r.interpreter(&[
         "-e",
         "$stdout.puts 'ready'; $stdout.flush\nx = 0\nx += 1 while true",
     ]);
@@ -305,13 +297,7 @@ fn check_deep(r: &Ruby) {
     let target = r.spawn("deep.rb", &["1500"]);
     let run = record(target.pid, &["-d", "2", "-F", "199"]);
     assert!(run.success, "{}", run.stderr);
-    let depths: Vec<usize> = run
-        .folded
-        .stacks
-        .iter()
-        .filter(|(s, _)| s.last().is_some_and(|f| label(f) == "Object#spin"))
-        .map(|(s, _)| s.iter().filter(|f| label(f) == "Object#descend").count())
-        .collect();
+    let depths = run.folded.depths("Object#descend", "Object#spin");
     assert!(
         !depths.is_empty(),
         "Ruby {}: {:?}",

@@ -97,8 +97,8 @@ impl Ruby {
         }
     }
 
-    pub fn command(&self, script: &str, args: &[&str]) -> Command {
-        let path = self.script_path(script);
+    /// This Ruby's interpreter with `args` (run in its chroot, if any).
+    pub fn interpreter(&self, args: &[&str]) -> Command {
         let mut cmd = match &self.root {
             None => Command::new(&self.exe),
             Some(root) => {
@@ -107,7 +107,15 @@ impl Ruby {
                 c
             }
         };
-        cmd.arg(path).args(args);
+        cmd.args(args);
+        cmd
+    }
+
+    /// This Ruby running a test script with `args`.
+    pub fn command(&self, script: &str, args: &[&str]) -> Command {
+        let path = self.script_path(script);
+        let mut cmd = self.interpreter(&[&path]);
+        cmd.args(args);
         cmd
     }
 
@@ -201,6 +209,15 @@ pub struct Folded {
 }
 
 impl Folded {
+    /// Frames labelled `frame_label` in each stack whose leaf is labelled `leaf`.
+    pub fn depths(&self, frame_label: &str, leaf: &str) -> Vec<usize> {
+        self.stacks
+            .iter()
+            .filter(|(s, _)| s.last().is_some_and(|f| label(f) == leaf))
+            .map(|(s, _)| s.iter().filter(|f| label(f) == frame_label).count())
+            .collect()
+    }
+
     pub fn parse(text: &str) -> Folded {
         let stacks = text
             .lines()
