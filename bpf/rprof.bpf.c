@@ -17,8 +17,6 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
 #define EEXIST	  17
 #define CFP_BYTES (RPROF_CFP_CHUNK * RPROF_MAX_CFP_SIZE)
-/* Unread bytes in the ring buffer past which each record wakes userspace. */
-#define RING_WAKEUP_BYTES (4 << 20)
 /*
  * `len` clamped to `max` (a power of two), in a form the verifier can bound:
  * the barrier stops clang from dropping the mask it deems redundant.
@@ -338,6 +336,21 @@ static __always_inline int ec_is_this_thread(struct rprof_proc *p, __u64 th, __u
 	return id == tp;
 }
 
+/* Under M:N threads (Ruby 3.3+) a native thread runs many Ruby threads: note
+ * which one this is, so its samples are named after it. */
+static __always_inline void read_ruby_thread(struct rprof_proc *p, struct scratch *s, __u64 th)
+{
+	__u8 dedicated = 0;
+
+	if (!p->th_dedicated_mask || !th)
+		return;
+	if (bpf_probe_read_user(&dedicated, sizeof(dedicated),
+				(void *)(th + p->th_dedicated_byte)) ||
+	    (dedicated & p->th_dedicated_mask))
+		return;
+	s->hdr.ruby_thread = th;
+}
+
 static __always_inline void walk_stack(struct walk_ctx *w, __u64 ec, __u64 tp)
 {
 	struct rprof_proc *p = w->p;
@@ -360,6 +373,7 @@ static __always_inline void walk_stack(struct walk_ctx *w, __u64 ec, __u64 tp)
 		}
 		stat_inc(RPROF_STAT_VERIFIED);
 	}
+	read_ruby_thread(p, s, th);
 	/* The base frame is a dummy (the main thread's names a "<main>" that
 	 * never runs); Ruby's backtraces leave it out, and so do we. */
 	end -= p->cfp_size;
@@ -406,10 +420,29 @@ static __always_inline void walk_stack(struct walk_ctx *w, __u64 ec, __u64 tp)
 		stat_inc(RPROF_STAT_TRUNCATED);
 }
 
+/* The GC's time, read after the frames: they hold still while this thread
+ * runs BPF, so the time read now also describes them (src/gc_time.rs). The
+ * flags are read before the count, as the GC writes the count first. */
+static __always_inline int read_gc_time(struct rprof_proc *p, __u64 *time, __u32 *sample_flags)
+{
+	__u32 flags = 0;
+	__u64 count = 0;
+	bool marking;
+
+	if (bpf_probe_read_user(&flags, sizeof(flags), (void *)p->gc_flags_addr) ||
+	    bpf_probe_read_user(&count, sizeof(count), (void *)p->gc_count_addr))
+		return -1;
+	marking = (flags & RPROF_GC_MODE_MASK) == RPROF_GC_MODE_MARKING;
+	*time = count * 2 + (marking ? 0 : 1);
+	/* Compaction moves objects past marking without a new count. */
+	if ((flags & RPROF_GC_DURING_COMPACTING) && !marking)
+		*sample_flags |= RPROF_SAMPLE_GC_MOVING;
+	return 0;
+}
+
 static __always_inline long emit(struct scratch *s)
 {
 	__u64 size = sizeof(s->hdr) + (__u64)s->hdr.nframes * sizeof(struct rprof_frame);
-	__u64 flags;
 
 	/* Only records carry the thread's name: most events are just counted. */
 	bpf_get_current_comm(s->hdr.comm, sizeof(s->hdr.comm));
@@ -418,13 +451,11 @@ static __always_inline long emit(struct scratch *s)
 	asm volatile("" : "+r"(size));
 	if (size > sizeof(s->hdr) + sizeof(s->frames))
 		return -1;
-	/* No wakeup per record: userspace polls every few tens of milliseconds,
-	 * which saves it a context switch per sample. Wake it early only when
-	 * the buffer is filling up. */
-	flags = bpf_ringbuf_query(&samples, BPF_RB_AVAIL_DATA) > RING_WAKEUP_BYTES
-		    ? BPF_RB_FORCE_WAKEUP
-		    : BPF_RB_NO_WAKEUP;
-	return bpf_ringbuf_output(&samples, s, size, flags);
+	/* Userspace must name a record's frames before the GC frees or moves
+	 * their code, so it is woken at once (adaptively: only the first record
+	 * after it has caught up wakes it). Records are few: one per stack and
+	 * GC time, the rest of the events are only counted. */
+	return bpf_ringbuf_output(&samples, s, size, 0);
 }
 
 static __always_inline void count_stack(struct scratch *s)
@@ -484,6 +515,8 @@ static __always_inline int on_event(__u32 event)
 	s->hdr.flags = 0;
 	s->hdr.nframes = 0;
 	s->hdr.pad = 0;
+	s->hdr.ruby_thread = 0;
+	s->hdr.gc_time = 0;
 	task = bpf_get_current_task_btf();
 	tp = BPF_CORE_READ(task, thread.fsbase);
 
@@ -496,6 +529,8 @@ static __always_inline int on_event(__u32 event)
 		stat_inc(RPROF_STAT_NO_EC);
 	} else {
 		walk_stack(&w, ec, tp);
+		if (w.out && read_gc_time(p, &s->hdr.gc_time, &s->hdr.flags))
+			s->hdr.flags |= RPROF_SAMPLE_READ_FAILED;
 	}
 	if (s->hdr.flags & RPROF_SAMPLE_READ_FAILED) {
 		stat_inc(RPROF_STAT_READ_FAILED);
@@ -506,8 +541,10 @@ static __always_inline int on_event(__u32 event)
 		stat_inc(RPROF_STAT_FOREIGN_EC);
 
 	s->hdr.nframes = w.out;
-	s->hdr.hash =
-	    finish_hash(mix(mix(mix(w.hash, ((__u64)tid << 32) | event), s->hdr.flags), w.out));
+	s->hdr.hash = finish_hash(
+	    mix(mix(mix(mix(mix(w.hash, ((__u64)tid << 32) | event), s->hdr.flags), w.out),
+		    s->hdr.gc_time),
+		s->hdr.ruby_thread));
 	count_stack(s);
 	return 0;
 }

@@ -69,6 +69,14 @@ struct rprof_proc {
 	__u64 env_flag_local;
 	__u64 imemo_ment_mask;	/* applied to an object's flags ... */
 	__u64 imemo_ment_value; /* ... equals this for a method entry */
+	/* The GC's clock (see src/gc_time.rs): objspace->flags (32 bits, mode
+	 * in bits 0-1) and objspace->profile.count, absolute addresses. */
+	__u64 gc_flags_addr;
+	__u64 gc_count_addr;
+	/* rb_thread_t, Ruby 3.3+: a Ruby thread without a dedicated native
+	 * thread (M:N) is named after itself, not after the native thread. */
+	__u32 th_dedicated_byte;
+	__u32 th_dedicated_mask; /* 0: no M:N threads in this Ruby */
 };
 
 /*
@@ -88,11 +96,27 @@ enum rprof_sample_flags {
 	RPROF_SAMPLE_FOREIGN_EC = 4,   /* EC belongs to another thread (GVL holder) */
 	RPROF_SAMPLE_DIRECT = 8,       /* not aggregated in the kernel: count is 1 */
 	RPROF_SAMPLE_READ_FAILED = 16, /* the target's memory could not be read */
+	/* taken while a compacting GC may be moving objects: the frames' addresses
+	 * may be old or new homes of their objects, so they are not named */
+	RPROF_SAMPLE_GC_MOVING = 32,
 };
+
+/* objspace->flags (Ruby 2.7 to 3.4): mode (enum gc_mode) in bits 0-1, and
+ * during_compacting, set for the whole of a compacting GC. */
+#define RPROF_GC_MODE_MASK	   3
+#define RPROF_GC_MODE_MARKING	   1
+#define RPROF_GC_DURING_COMPACTING (1 << 6)
 
 /* Header of a ring buffer record; `nframes` struct rprof_frame follow, leaf first. */
 struct rprof_sample_header {
-	__u64 hash; /* identity of (tid, event, frames): key of the counts maps */
+	__u64 hash; /* identity of (tid, Ruby thread, event, GC time, frames): key of the counts
+		       maps */
+	/* The target GC's time when the frames were read: 2 * count + (marking ? 0 : 1).
+	 * Addresses name the same objects only within one GC time (src/gc_time.rs). */
+	__u64 gc_time;
+	/* The rb_thread_t of an M:N thread (one sharing native threads), else 0:
+	 * it identifies the Ruby thread for as long as the thread lives. */
+	__u64 ruby_thread;
 	__u32 pid;
 	__u32 tid;
 	__u32 event; /* 0: cpu sample; n: the n-th traced tracepoint */

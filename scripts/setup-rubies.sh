@@ -5,7 +5,8 @@
 #   2.7    Debian 11 chroot        3.3  Debian 13 chroot
 #   3.4    Debian sid chroot with ruby3.4 from experimental
 #   static ruby 3.1 built from Debian's source with --disable-shared
-# Usage: scripts/setup-rubies.sh [host|2.7|3.3|3.4|static|all]...
+#   3.3-yjit  ruby 3.3 built from Debian 13's source with --enable-shared --enable-yjit
+# Usage: scripts/setup-rubies.sh [host|2.7|3.3|3.4|static|3.3-yjit|all]...
 set -eu
 CACHE=${RPROF_CACHE:-/var/cache/rprof}
 MIRROR=${RPROF_DEBIAN_MIRROR:-http://deb.debian.org/debian}
@@ -41,31 +42,48 @@ chroot_ruby34() {
     touch "$dir/.rprof-ready"
 }
 
-static_ruby() {
-    prefix="$CACHE/ruby-3.1-static"
+# source_ruby NAME PACKAGE SUITE CONFIGURE-FLAGS...: builds Debian's source of
+# PACKAGE (from SUITE) into $CACHE/ruby-NAME, once.
+source_ruby() {
+    name=$1 pkg=$2 suite=$3
+    shift 3
+    prefix="$CACHE/ruby-$name"
     if [ -x "$prefix/bin/ruby" ] && [ -f "$prefix/.rprof-ready" ]; then return 0; fi
-    log "building a static ruby 3.1 from Debian's source into $prefix (about 5 minutes, once)"
-    if ! grep -rqs '^Types: deb-src' /etc/apt/sources.list.d/rprof-src.sources; then
+    log "building ruby $name from Debian's $pkg source into $prefix (5 to 10 minutes, once)"
+    if ! grep -qs "^Suites:.*$suite" /etc/apt/sources.list.d/rprof-src.sources; then
         cat >/etc/apt/sources.list.d/rprof-src.sources <<SRC
 Types: deb-src
 URIs: $MIRROR
-Suites: bookworm
+Suites: bookworm trixie
 Components: main
 Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
 SRC
         apt-get update -qq
     fi
     apt-get install -y -qq dpkg-dev autoconf bison libssl-dev libyaml-dev libffi-dev libgmp-dev zlib1g-dev >/dev/null
-    work="$CACHE/build-static"
+    work="$CACHE/build-$name"
     rm -rf "$work" && mkdir -p "$work"
-    (cd "$work" && apt-get source -qq --download-only ruby3.1 >/dev/null 2>&1 && tar xf ruby3.1_*.orig.tar.*)
-    src=$(find "$work" -maxdepth 1 -type d -name 'ruby-3.1*' | head -1)
-    (cd "$src" && ./configure --prefix="$prefix" --disable-shared --disable-install-doc >"$work/configure.log" 2>&1 \
+    (cd "$work" && apt-get source -qq --download-only "$pkg/$suite" >/dev/null 2>&1 && tar xf "${pkg}"_*.orig.tar.*) \
+        || { echo "setup-rubies: could not fetch the source of $pkg from $suite" >&2; exit 1; }
+    src=$(find "$work" -maxdepth 1 -type d -name 'ruby-*' | head -1)
+    (cd "$src" && ./configure --prefix="$prefix" --disable-install-doc "$@" >"$work/configure.log" 2>&1 \
         && make -j"$(nproc)" >"$work/make.log" 2>&1 \
         && make install HAVE_BASERUBY=no >"$work/install.log" 2>&1) \
         || { tail -30 "$work"/*.log >&2; exit 1; }
     rm -rf "$work"
     touch "$prefix/.rprof-ready"
+}
+
+# The static ruby 3.1 links libruby into the executable (local-exec TLS).
+static_ruby() { source_ruby 3.1-static ruby3.1 bookworm --disable-shared; }
+
+# Ruby 3.3 as production images build it: a shared libruby, and YJIT (written
+# in Rust: Debian's rustc builds it).
+yjit_ruby() {
+    apt-get install -y -qq rustc >/dev/null
+    source_ruby 3.3-yjit ruby3.3 trixie --enable-shared --enable-yjit
+    "$CACHE/ruby-3.3-yjit/bin/ruby" --yjit -e 'exit(RubyVM::YJIT.enabled? ? 0 : 1)' \
+        || { echo "setup-rubies: the 3.3-yjit build has no working YJIT" >&2; exit 1; }
 }
 
 host_ruby() {
@@ -81,7 +99,8 @@ for what in "$@"; do
         3.3) chroot_ruby 3.3 trixie ;;
         3.4) chroot_ruby34 ;;
         static) static_ruby ;;
-        all) host_ruby; chroot_ruby 2.7 bullseye; chroot_ruby 3.3 trixie; chroot_ruby34; static_ruby ;;
-        *) echo "setup-rubies: unknown '$what' (host, 2.7, 3.3, 3.4, static, all)" >&2; exit 2 ;;
+        3.3-yjit) yjit_ruby ;;
+        all) host_ruby; chroot_ruby 2.7 bullseye; chroot_ruby 3.3 trixie; chroot_ruby34; static_ruby; yjit_ruby ;;
+        *) echo "setup-rubies: unknown '$what' (host, 2.7, 3.3, 3.4, static, 3.3-yjit, all)" >&2; exit 2 ;;
     esac
 done

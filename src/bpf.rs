@@ -232,7 +232,7 @@ impl Probe {
             Err(e) if e.kind() == libbpf_rs::ErrorKind::Interrupted => {}
             other => other.context("polling the ring buffer")?,
         }
-        // BPF only wakes us when the buffer fills up: read what is there anyway.
+        // Read what is there even if no wakeup came (a signal, a timeout).
         self.ring.consume().context("reading the ring buffer")?;
         self.drain_queue(&mut f);
         Ok(())

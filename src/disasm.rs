@@ -1,5 +1,6 @@
 //! Reading x86-64 machine code of exported Ruby functions to find variables
-//! the library hides (`ruby_current_ec`, `ruby_global_symbols` on Ruby 3.3+).
+//! the library hides (`ruby_current_ec`, `ruby_global_symbols` on Ruby 3.3+)
+//! and fields of structs no header declares (`rb_objspace`).
 
 use iced_x86::{Code, Decoder, DecoderOptions, FlowControl, Instruction, Mnemonic, OpKind, Register};
 
@@ -80,6 +81,78 @@ pub fn rip_relative_data(code: &[u8], ip: u64, max: usize) -> Vec<u64> {
         .collect()
 }
 
+/// A chain of loads through one register, as a function like `rb_during_gc`
+/// compiles `vm->objspace->flags`: the register starts at a RIP-relative
+/// address (`lea`) or at the word stored there (`mov`), then each step loads
+/// from register + offset. The last offset is the field the function returns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoadChain {
+    /// The RIP-relative address the chain starts from.
+    pub start: u64,
+    /// Whether the first instruction loads the word at `start` (`mov`) rather
+    /// than taking its address (`lea`).
+    pub start_is_load: bool,
+    /// Displacements of the loads that follow, in order.
+    pub offsets: Vec<i64>,
+}
+
+/// The load chain of a function that returns a field reached from a global
+/// (`return vm->objspace->flags.during_gc`). Null checks (`test`/`jcc`) on the
+/// way are skipped; anything else ends the chain.
+pub fn load_chain(code: &[u8], ip: u64) -> Option<LoadChain> {
+    let insns = decode(code, ip, 32);
+    let first = insns.iter().position(|i| {
+        matches!(i.mnemonic(), Mnemonic::Lea | Mnemonic::Mov)
+            && i.is_ip_rel_memory_operand()
+            && i.op0_kind() == OpKind::Register
+    })?;
+    let head = &insns[first];
+    let mut reg = head.op0_register().full_register();
+    let mut chain = LoadChain {
+        start: head.ip_rel_memory_address(),
+        start_is_load: head.mnemonic() == Mnemonic::Mov,
+        offsets: Vec::new(),
+    };
+    for insn in &insns[first + 1..] {
+        match insn.mnemonic() {
+            Mnemonic::Test
+            | Mnemonic::Cmp
+            | Mnemonic::Je
+            | Mnemonic::Jne
+            | Mnemonic::Endbr64
+            | Mnemonic::Nop => continue,
+            Mnemonic::Mov | Mnemonic::Movzx | Mnemonic::Movsx
+                if insn.op1_kind() == OpKind::Memory
+                    && insn.memory_base() == reg
+                    && insn.memory_index() == Register::None =>
+            {
+                chain.offsets.push(insn.memory_displacement64() as i64);
+                reg = insn.op0_register().full_register();
+            }
+            _ => break,
+        }
+    }
+    Some(chain)
+}
+
+/// The displacement of the last load into `%rax` before the function returns:
+/// the field a getter like `rb_gc_count` (`return objspace->profile.count`)
+/// reads from the struct it found first, however it found it.
+pub fn last_load_into_rax(code: &[u8], ip: u64) -> Option<i64> {
+    decode(code, ip, 32)
+        .iter()
+        .rev()
+        .find(|i| {
+            i.mnemonic() == Mnemonic::Mov
+                && i.op0_register() == Register::RAX
+                && i.op1_kind() == OpKind::Memory
+                && i.memory_index() == Register::None
+                && i.memory_base() != Register::RIP
+                && i.memory_base() != Register::None
+        })
+        .map(|i| i.memory_displacement64() as i64)
+}
+
 /// Targets of direct calls and jumps in `code`, in order.
 pub fn branch_targets(code: &[u8], ip: u64, max: usize) -> Vec<u64> {
     decode(code, ip, max)
@@ -139,6 +212,48 @@ mod tests {
                 got: 0x100 + 7 + 0x200
             })
         );
+    }
+
+    #[test]
+    fn load_chain_through_the_got() {
+        // Ruby 3.1's rb_during_gc: mov 0x1000(%rip),%rax; mov (%rax),%rax;
+        // mov 0x458(%rax),%rax; movzbl 0x10(%rax),%eax; shr $5,%al; and $1,%eax; ret
+        let code = [
+            0x48, 0x8b, 0x05, 0x00, 0x10, 0x00, 0x00, 0x48, 0x8b, 0x00, 0x48, 0x8b, 0x80, 0x58, 0x04, 0x00,
+            0x00, 0x0f, 0xb6, 0x40, 0x10, 0xc0, 0xe8, 0x05, 0x83, 0xe0, 0x01, 0xc3,
+        ];
+        assert_eq!(
+            load_chain(&code, 0x100),
+            Some(LoadChain {
+                start: 0x100 + 7 + 0x1000,
+                start_is_load: true,
+                offsets: vec![0, 0x458, 0x10],
+            })
+        );
+    }
+
+    #[test]
+    fn load_chain_skips_null_checks() {
+        // Ruby 3.3's: endbr64; lea 0x2000(%rip),%rax; mov (%rax),%rax; test %rax,%rax;
+        // je +0; mov 0x518(%rax),%rax; movzbl 0x10(%rax),%eax; ret
+        let code = [
+            0xf3, 0x0f, 0x1e, 0xfa, 0x48, 0x8d, 0x05, 0x00, 0x20, 0x00, 0x00, 0x48, 0x8b, 0x00, 0x48, 0x85,
+            0xc0, 0x74, 0x00, 0x48, 0x8b, 0x80, 0x18, 0x05, 0x00, 0x00, 0x0f, 0xb6, 0x40, 0x10, 0xc3,
+        ];
+        let chain = load_chain(&code, 0).expect("a chain");
+        assert_eq!(chain.start, 11 + 0x2000);
+        assert!(!chain.start_is_load);
+        assert_eq!(chain.offsets, vec![0, 0x518, 0x10]);
+    }
+
+    #[test]
+    fn last_load_after_a_call() {
+        // Ruby 3.4's rb_gc_count: endbr64; sub $8,%rsp; call +0; mov 0x3f0(%rax),%rax; add $8,%rsp; ret
+        let code = [
+            0xf3, 0x0f, 0x1e, 0xfa, 0x48, 0x83, 0xec, 0x08, 0xe8, 0x00, 0x00, 0x00, 0x00, 0x48, 0x8b, 0x80,
+            0xf0, 0x03, 0x00, 0x00, 0x48, 0x83, 0xc4, 0x08, 0xc3,
+        ];
+        assert_eq!(last_load_into_rax(&code, 0), Some(0x3f0));
     }
 
     #[test]

@@ -5,6 +5,7 @@ mod cli;
 mod disasm;
 mod elf;
 mod error;
+mod gc_time;
 mod process;
 mod record;
 mod resolve;

@@ -18,13 +18,14 @@ use serde::{Deserialize, Serialize};
 use crate::bpf::{types, Probe, Sample, Stats};
 use crate::cli::Format;
 use crate::error::UserError;
-use crate::resolve::Resolver;
+use crate::gc_time::GcTime;
+use crate::resolve::{Resolver, Unknown};
 use crate::system;
 use crate::target::RubyTarget;
 
 /// Highest sampling frequency accepted.
 pub const MAX_FREQUENCY: u64 = 100_000;
-/// How often the in-kernel counts are collected (and caches refreshed).
+/// How often the in-kernel counts are collected.
 const EPOCH: Duration = Duration::from_millis(500);
 const POLL: Duration = Duration::from_millis(10);
 
@@ -136,6 +137,8 @@ pub fn record(cfg: RecordConfig) -> Result<()> {
             recording_error = Some(e);
             break;
         }
+        collector.resolver.tick();
+        collector.retry(false);
         if stop.load(Ordering::SeqCst)
             || cfg.duration.is_some_and(|d| started.elapsed() >= d)
             || !target.process.is_alive()
@@ -229,14 +232,19 @@ fn launch(argv: &[String], force_version: Option<&str>) -> Result<(Child, RubyTa
 struct Collector {
     resolver: Resolver,
     events: Vec<String>,
-    /// Resolved stacks by hash, with the generation they were last used in.
-    stacks: HashMap<u64, (Vec<Frame>, u64)>,
+    /// Resolved stacks by hash, with the generation they were last used in
+    /// and whether a frame in them is unknown.
+    stacks: HashMap<u64, (Vec<Frame>, u64, bool)>,
     generation: u64,
     profile: Profile,
     /// Counted events whose stack never reached userspace (ring buffer full).
     undelivered: u64,
-    /// Frames shown as `[unknown]`, counted once per stack that has them.
-    unknown_frames: u64,
+    /// Frames shown as `[unknown]`, counted once per stack that has them, by reason.
+    unknown_frames: HashMap<Unknown, u64>,
+    /// Samples (events) with an `[unknown]` frame.
+    unknown_samples: u64,
+    /// Records waiting for the GC to stand still.
+    deferred: Vec<Sample>,
 }
 
 impl Collector {
@@ -248,40 +256,72 @@ impl Collector {
             generation: 0,
             profile: Profile::default(),
             undelivered: 0,
-            unknown_frames: 0,
+            unknown_frames: HashMap::new(),
+            unknown_samples: 0,
+            deferred: Vec::new(),
         }
     }
 
+    /// A record from BPF. If the GC was busy while its frames were read, it
+    /// waits (unless `last_try`) for the GC to stand still.
     fn on_sample(&mut self, s: Sample) {
+        self.add_sample(s, false)
+    }
+
+    /// Tries again the records that met a busy GC, once it stands still
+    /// (or for good, `now`).
+    fn retry(&mut self, now: bool) {
+        if self.deferred.is_empty() || !(now || self.resolver.settled()) {
+            return;
+        }
+        for s in std::mem::take(&mut self.deferred) {
+            self.add_sample(s, true);
+        }
+    }
+
+    fn add_sample(&mut self, s: Sample, last_try: bool) {
         let (stack, unknown) = self.build_stack(&s);
+        if !last_try && unknown.contains(&Unknown::GcBusy) {
+            self.deferred.push(s);
+            return;
+        }
         if s.has(types::rprof_sample_flags::RPROF_SAMPLE_DIRECT) {
-            self.unknown_frames += unknown;
+            self.count_unknown(&unknown);
+            self.unknown_samples += u64::from(!unknown.is_empty());
             self.profile.add(&stack, 1);
             return;
         }
-        // The same frames (same hash) read well in an earlier epoch: if they
-        // cannot be read now (the target just exited), that reading stands.
-        if unknown > 0 {
-            if let Some((_, gen)) = self.stacks.get_mut(&s.header.hash) {
+        // The same hash means the same frames at the same GC time, so the same
+        // objects: if an earlier reading named them all, it stands.
+        if !unknown.is_empty() {
+            if let Some((_, gen, false)) = self.stacks.get_mut(&s.header.hash) {
                 *gen = self.generation;
                 return;
             }
         }
-        self.unknown_frames += unknown;
-        self.stacks.insert(s.header.hash, (stack, self.generation));
+        self.count_unknown(&unknown);
+        self.stacks
+            .insert(s.header.hash, (stack, self.generation, !unknown.is_empty()));
+    }
+
+    fn count_unknown(&mut self, unknown: &[Unknown]) {
+        for u in unknown {
+            *self.unknown_frames.entry(*u).or_default() += 1;
+        }
     }
 
     /// Root first: thread, [truncated], Ruby frames, then the traced event;
-    /// and how many frames could not be named.
-    fn build_stack(&mut self, s: &Sample) -> (Vec<Frame>, u64) {
+    /// and why frames could not be named.
+    fn build_stack(&mut self, s: &Sample) -> (Vec<Frame>, Vec<Unknown>) {
         let h = &s.header;
         let comm: Vec<u8> = h.comm.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
         let mut stack = Vec::with_capacity(s.frames.len() + 3);
-        stack.push(Frame::thread(format!(
-            "{} [{}]",
-            String::from_utf8_lossy(&comm),
-            h.tid
-        )));
+        // An M:N Ruby thread moves between native threads: name it, not them.
+        stack.push(Frame::thread(if h.ruby_thread != 0 {
+            self.resolver.ruby_thread(h.ruby_thread)
+        } else {
+            format!("{} [{}]", String::from_utf8_lossy(&comm), h.tid)
+        }));
         if s.has(types::rprof_sample_flags::RPROF_SAMPLE_READ_FAILED) {
             stack.push(Frame::marker("[failed to read the Ruby stack]"));
         } else if s.has(types::rprof_sample_flags::RPROF_SAMPLE_FOREIGN_EC) {
@@ -290,12 +330,20 @@ impl Collector {
         if s.has(types::rprof_sample_flags::RPROF_SAMPLE_TRUNCATED) {
             stack.push(Frame::marker("[truncated]"));
         }
-        let mut unknown = 0;
-        for f in s.frames.iter().rev() {
-            stack.push(self.resolver.frame(f).unwrap_or_else(|| {
-                unknown += 1;
-                Frame::marker("[unknown]")
-            }));
+        let mut unknown = Vec::new();
+        {
+            let time = GcTime(h.gc_time);
+            let frames = if s.has(types::rprof_sample_flags::RPROF_SAMPLE_GC_MOVING) {
+                self.resolver.moving_stack(&s.frames, time)
+            } else {
+                self.resolver.stack(&s.frames, time)
+            };
+            for f in frames.into_iter().rev() {
+                stack.push(f.unwrap_or_else(|why| {
+                    unknown.push(why);
+                    Frame::marker("[unknown]")
+                }));
+            }
         }
         if h.event > 0 {
             let name = self
@@ -315,21 +363,24 @@ impl Collector {
         for s in samples {
             self.on_sample(s);
         }
+        // Every counted stack needs its names now.
+        self.retry(true);
         for (hash, n) in counts {
             match self.stacks.get_mut(&hash) {
-                Some((stack, gen)) => {
+                Some((stack, gen, unknown)) => {
                     *gen = self.generation;
                     self.profile.add(stack, n);
+                    if *unknown {
+                        self.unknown_samples += n;
+                    }
                 }
                 None => self.undelivered += n,
             }
         }
-        // Each epoch re-sends the stacks it sees: older ones can go, and so can
-        // what was read of the target's memory, which GC may have moved.
+        // Each epoch re-sends the stacks it sees: older ones can go.
         let keep = self.generation.saturating_sub(1);
-        self.stacks.retain(|_, (_, gen)| *gen >= keep);
+        self.stacks.retain(|_, (_, gen, _)| *gen >= keep);
         self.generation += 1;
-        self.resolver.new_epoch();
         Ok(())
     }
 
@@ -352,8 +403,15 @@ fn print_summary(r: &Recording, stats: &Stats, c: &Collector, output: &Path, ela
     if stats.truncated > 0 {
         notes.push(format!("{} truncated at the root", stats.truncated));
     }
-    if c.unknown_frames > 0 {
-        notes.push(format!("{} frames [unknown]", c.unknown_frames));
+    if !c.unknown_frames.is_empty() {
+        let mut why: Vec<_> = c.unknown_frames.iter().collect();
+        why.sort();
+        let why: Vec<String> = why.iter().map(|(u, n)| format!("{n} {u}")).collect();
+        notes.push(format!(
+            "{} with [unknown] frames: {}",
+            c.unknown_samples,
+            why.join(", ")
+        ));
     }
     if stats.no_ec > 0 {
         notes.push(format!("{} in threads running no Ruby", stats.no_ec));

@@ -11,6 +11,7 @@ use crate::bpf::types;
 use crate::disasm::{self, TlsAccess};
 use crate::elf::{self, ElfImage, TlsReloc};
 use crate::error::UserError;
+use crate::gc_time::GcClock;
 use crate::process::{Mapping, Process};
 
 /// How a thread's execution context is found from its thread pointer.
@@ -35,6 +36,8 @@ pub struct RubyTarget {
     pub ec_access: EcAccess,
     /// Address of `ruby_global_symbols`, to name C methods; None if not found.
     pub global_symbols: Option<u64>,
+    /// Where the GC keeps its clock; None until the VM has been set up.
+    pub gc: Option<GcClock>,
 }
 
 impl RubyTarget {
@@ -78,19 +81,22 @@ impl RubyTarget {
             format!("finding how threads of Ruby {version} reach their execution context")
         })?;
         let global_symbols = find_global_symbols(&process, &image, bias, &layout);
+        let gc = find_gc_clock(&process, &image, bias, &layout)
+            .with_context(|| format!("finding the GC state of Ruby {version}"))?;
         Ok(Self {
             process,
             version,
             layout,
             ec_access,
             global_symbols,
+            gc,
         })
     }
 
     /// Whether the dynamic linker has finished with the VM (a just-started
-    /// process may not have its TLS module id filled in yet).
+    /// process may not have its TLS module id filled in yet) and the VM exists.
     pub fn ready(&self) -> bool {
-        !matches!(self.ec_access, EcAccess::TlsDtv { module: 0, .. })
+        !matches!(self.ec_access, EcAccess::TlsDtv { module: 0, .. }) && self.gc.is_some()
     }
 
     /// For Rubies without a thread-local EC: (thread pointer, rb_thread_t) of
@@ -166,8 +172,73 @@ impl RubyTarget {
             env_flag_local: l.frame.env_flag_local,
             imemo_ment_mask: l.value.type_mask | (l.imemo.type_mask << l.imemo.type_shift),
             imemo_ment_value: l.value.t_imemo | (l.imemo.type_ment << l.imemo.type_shift),
+            gc_flags_addr: self.gc.map_or(0, |g| g.flags),
+            gc_count_addr: self.gc.map_or(0, |g| g.count),
+            th_dedicated_byte: l.thread.dedicated_nt_byte.unwrap_or(0),
+            th_dedicated_mask: l.thread.dedicated_nt_mask.map_or(0, u32::from),
         }
     }
+}
+
+/// Where the GC keeps its flags and counts, read off the target's own code:
+/// `rb_during_gc` is `return vm->objspace->flags.during_gc` (through the GOT
+/// or a hidden `ruby_current_vm_ptr`), `rb_gc_count` ends in
+/// `return objspace->profile.count`. The objspace is allocated once when the
+/// VM starts, so the addresses hold for the life of the process (and of its
+/// forks). None while the VM does not exist yet.
+fn find_gc_clock(process: &Process, image: &ElfImage, bias: u64, layout: &Layout) -> Result<Option<GcClock>> {
+    let code = |name: &str| -> Result<(Vec<u8>, u64)> {
+        let sym = image
+            .symbol(name)
+            .with_context(|| format!("the Ruby VM exports no {name}"))?;
+        let code = image
+            .bytes_at(sym.value, 96)
+            .with_context(|| format!("no code for {name}"))?;
+        Ok((code, sym.value))
+    };
+    let (during, during_at) = code("rb_during_gc")?;
+    let chain = disasm::load_chain(&during, during_at)
+        .filter(|c| c.offsets.len() >= 2)
+        .context("rb_during_gc does not read vm->objspace->flags as expected")?;
+    let (count_code, count_at) = code("rb_gc_count")?;
+    let count_off = disasm::last_load_into_rax(&count_code, count_at)
+        .context("rb_gc_count does not read objspace->profile.count as expected")?;
+    // Follow the chain to the objspace; the last load is the flags word.
+    let start = bias + chain.start;
+    let mut reg = if chain.start_is_load {
+        process
+            .read_u64(start)
+            .context("reading the VM pointer's GOT slot")?
+    } else {
+        start
+    };
+    let (flags_off, path) = chain.offsets.split_last().context("empty load chain")?;
+    for off in path {
+        reg = process
+            .read_u64(reg.wrapping_add(*off as u64))
+            .context("following the VM pointer to the GC's objspace")?;
+        if reg == 0 {
+            return Ok(None); // the VM is not set up yet
+        }
+    }
+    let objspace = reg;
+    let clock = GcClock {
+        flags: objspace.wrapping_add(*flags_off as u64),
+        count: objspace.wrapping_add(count_off as u64),
+        major_count: objspace
+            .wrapping_add(count_off as u64)
+            .wrapping_add(layout.gc.major_gc_count_from_count as u64),
+    };
+    // What the code led to must look like a GC: small counts, majors within them.
+    let count = process.read_u64(clock.count).context("reading the GC count")?;
+    let major = process
+        .read_u64(clock.major_count)
+        .context("reading the major GC count")?;
+    anyhow::ensure!(
+        count < 1 << 48 && major <= count,
+        "the GC counts read from the code of rb_gc_count make no sense ({count} GCs, {major} major)"
+    );
+    Ok(Some(clock))
 }
 
 /// The mapped ELF file that defines `ruby_version`, with its load bias.

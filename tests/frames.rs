@@ -15,7 +15,11 @@ fn ruby(name: &str) -> Ruby {
 
 /// `# HOT <label>` tags of frames.rb: label -> line.
 fn hot_lines() -> BTreeMap<String, u32> {
-    let src = std::fs::read_to_string(common::scripts_dir().join("frames.rb")).expect("frames.rb");
+    hot_lines_in("frames.rb")
+}
+
+fn hot_lines_in(script: &str) -> BTreeMap<String, u32> {
+    let src = std::fs::read_to_string(common::scripts_dir().join(script)).expect("test script");
     src.lines()
         .enumerate()
         .filter_map(|(i, l)| {
@@ -267,6 +271,151 @@ fn check_churn(r: &Ruby) {
     assert!(named > 100, "Ruby {}: {:?}", r.name, run.folded.stacks);
 }
 
+/// tests/ruby/churn.rb: methods defined with class_eval, run, removed and
+/// replaced under new names, with GC.compact now and then. Generation N lives
+/// in "gen_N.rb" from line N, so every frame's name can be checked against its
+/// file and line. Run several times: on some Rubies a wrong name is rare.
+fn check_code_churn(r: &Ruby) {
+    for attempt in 1..=3 {
+        let target = r.spawn("churn.rb", &[]);
+        let run = record(target.pid, &["-d", "3", "-F", "499"]);
+        assert!(run.success, "Ruby {}: {}", r.name, run.stderr);
+        let (mut generated, mut unknown, mut wrong) = (0, 0, Vec::new());
+        for (stack, n) in &run.folded.stacks {
+            if stack.iter().any(|f| f == "[unknown]") {
+                unknown += n;
+            }
+            for f in stack {
+                let Some(gen) = generation_of(f) else { continue };
+                generated += n;
+                let l = line(f).unwrap_or(0);
+                let lbl = label(f);
+                // The class_eval itself runs in gen_N.rb at line N, named
+                // after the block that calls it, as Ruby's backtraces do.
+                let eval = lbl == "block in Churn#run" && l == gen;
+                let own = lbl.ends_with(&format!("Churn#churn_{gen}")) && (gen..=gen + 6).contains(&l);
+                if !eval && !own {
+                    wrong.push(f.clone());
+                }
+            }
+        }
+        let total = run.folded.total();
+        assert!(
+            wrong.is_empty(),
+            "Ruby {} run {attempt}: frames named after another method: {wrong:?}",
+            r.name
+        );
+        assert!(
+            generated > 300,
+            "Ruby {} run {attempt}: {:?}",
+            r.name,
+            run.folded.stacks
+        );
+        let share = unknown as f64 / total as f64;
+        assert!(
+            share <= 0.01,
+            "Ruby {} run {attempt}: {unknown} of {total} samples with [unknown] frames: {}",
+            r.name,
+            run.stderr
+        );
+    }
+}
+
+/// M:N threads (3.3+): eight named Ruby threads on two shared native
+/// threads. Each sample must carry the stack of the Ruby thread that ran, under
+/// a thread frame naming that Ruby thread.
+fn check_mn_threads(r: &Ruby) {
+    let mut r = r.clone();
+    r.env.push(("RUBY_MN_THREADS".into(), "1".into()));
+    r.env.push(("RUBY_MAX_CPU".into(), "2".into()));
+    let target = r.spawn("mn_threads.rb", &[]);
+    let ruby_threads: usize = target.get("ruby_threads").parse().expect("ruby_threads");
+    let native = std::fs::read_dir(format!("/proc/{}/task", target.pid))
+        .expect("task list")
+        .count();
+    assert!(
+        native < ruby_threads,
+        "Ruby {}: {native} native threads for {ruby_threads} Ruby threads: M:N is off",
+        r.name
+    );
+    let run = record(target.pid, &["-d", "4", "-F", "499"]);
+    assert!(run.success, "Ruby {}: {}", r.name, run.stderr);
+    let mut per_thread = BTreeMap::new();
+    for (stack, n) in &run.folded.stacks {
+        let Some(work) = stack
+            .iter()
+            .find_map(|f| label(f).strip_prefix("Object#mn_work_"))
+        else {
+            continue;
+        };
+        let thread = &stack[0];
+        assert!(
+            thread.starts_with(&format!("w{work} (Ruby thread 0x")),
+            "Ruby {}: mn_work_{work} under thread frame {thread:?}",
+            r.name
+        );
+        *per_thread.entry(work.to_string()).or_insert(0) += n;
+    }
+    assert_eq!(per_thread.len(), 8, "Ruby {}: {per_thread:?}", r.name);
+    assert!(
+        per_thread.values().all(|&n| n >= 20),
+        "Ruby {}: {per_thread:?}",
+        r.name
+    );
+}
+
+/// Two Ractors burning CPU in parallel in different methods: both appear,
+/// each on its own threads, at the right line.
+fn check_ractors(r: &Ruby) {
+    let target = r.spawn("ractors.rb", &[]);
+    let run = record(target.pid, &["-d", "3", "-F", "499"]);
+    assert!(run.success, "Ruby {}: {}", r.name, run.stderr);
+    let hot = hot_lines_in("ractors.rb");
+    let mut threads: BTreeMap<&str, std::collections::BTreeSet<String>> = BTreeMap::new();
+    for tag in ["alpha", "beta"] {
+        let method = format!("Object#ractor_{tag}");
+        let (mut total, mut at_line) = (0, 0);
+        for (stack, n) in &run.folded.stacks {
+            if !stack.iter().any(|f| label(f) == method) {
+                continue;
+            }
+            let other = if tag == "alpha" {
+                "Object#ractor_beta"
+            } else {
+                "Object#ractor_alpha"
+            };
+            assert!(
+                !stack.iter().any(|f| label(f) == other),
+                "Ruby {}: mixed stack {stack:?}",
+                r.name
+            );
+            threads.entry(tag).or_default().insert(stack[0].clone());
+            total += n;
+            let leaf = ruby_leaf(stack).expect("a Ruby frame");
+            if label(leaf) == method && line(leaf) == hot.get(tag).copied() {
+                at_line += n;
+            }
+        }
+        assert!(total >= 300, "Ruby {}: {total} samples in {method}", r.name);
+        assert!(
+            at_line as f64 >= 0.95 * total as f64,
+            "Ruby {}: {method} at its line in {at_line} of {total} samples",
+            r.name
+        );
+    }
+    assert!(
+        threads["alpha"].is_disjoint(&threads["beta"]),
+        "Ruby {}: both Ractors on the same thread: {threads:?}",
+        r.name
+    );
+}
+
+/// N for a frame in "gen_N.rb".
+fn generation_of(frame: &str) -> Option<u32> {
+    let (_, rest) = frame.rsplit_once("(gen_")?;
+    rest.split_once(".rb:")?.0.parse().ok()
+}
+
 /// method name -> (def line, end line) of the top-level and nested `def`s in `src`.
 fn method_ranges(src: &str) -> BTreeMap<String, (u32, u32)> {
     let lines: Vec<&str> = src.lines().collect();
@@ -369,6 +518,7 @@ macro_rules! on_every_ruby {
                 #[test] fn dash_e() { check_dash_e(&ruby($name)) }
                 #[test] fn callers() { check_callers(&ruby($name)) }
                 #[test] fn moving_and_vanishing_code() { check_churn(&ruby($name)) }
+                #[test] fn code_churn_never_mislabels() { check_code_churn(&ruby($name)) }
                 #[test] fn deep_recursion() { check_deep(&ruby($name)) }
                 #[test] fn threads() { check_threads(&ruby($name)) }
             }
@@ -376,4 +526,51 @@ macro_rules! on_every_ruby {
     };
 }
 
-on_every_ruby!(ruby_2_7 => "2.7", ruby_3_1 => "3.1", ruby_3_1_static => "3.1-static", ruby_3_3 => "3.3", ruby_3_4 => "3.4");
+on_every_ruby!(ruby_2_7 => "2.7", ruby_3_1 => "3.1", ruby_3_1_static => "3.1-static", ruby_3_3 => "3.3",
+               ruby_3_4 => "3.4", ruby_3_3_yjit => "3.3-yjit");
+
+/// Ractors exist from Ruby 3.0.
+macro_rules! on_ractor_rubies {
+    ($($version:ident => $name:literal),*) => {
+        $(
+            mod $version {
+                use super::*;
+                #[test] fn ractors() { check_ractors(&ruby($name)) }
+            }
+        )*
+    };
+}
+
+mod ractors {
+    use super::*;
+    on_ractor_rubies!(ruby_3_1 => "3.1", ruby_3_1_static => "3.1-static", ruby_3_3 => "3.3",
+                      ruby_3_4 => "3.4", ruby_3_3_yjit => "3.3-yjit");
+}
+
+/// M:N threads exist from Ruby 3.3.
+mod mn_threads {
+    use super::*;
+    #[test]
+    fn ruby_3_3() {
+        check_mn_threads(&ruby("3.3"))
+    }
+    #[test]
+    fn ruby_3_4() {
+        check_mn_threads(&ruby("3.4"))
+    }
+    #[test]
+    fn ruby_3_3_yjit() {
+        check_mn_threads(&ruby("3.3-yjit"))
+    }
+}
+
+/// The 3.3-yjit build really runs with YJIT on (RUBYOPT=--yjit).
+#[test]
+fn yjit_is_on() {
+    let r = ruby("3.3-yjit");
+    let out = r
+        .interpreter(&["-e", "print RubyVM::YJIT.enabled?"])
+        .output()
+        .expect("run ruby");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "true", "{out:?}");
+}

@@ -50,6 +50,21 @@ int main(void)
     /* 3.3 moved the pthread id into the native thread struct. */
     P("native_thread", OFF(rb_thread_t, nt));
     P("native_thread_id", OFF(struct rb_native_thread, thread_id));
+    /* M:N threads: which Ruby thread runs on a shared native thread. */
+    P("name", OFF(rb_thread_t, name));
+    {
+        /* has_dedicated_nt is a bitfield: find its byte and bit. */
+        rb_thread_t t;
+        memset(&t, 0, sizeof(t));
+        t.has_dedicated_nt = 1;
+        for (size_t i = 0; i < sizeof(t); i++) {
+            unsigned char b = ((unsigned char *)&t)[i];
+            if (b) {
+                P("dedicated_nt_byte", (long)i);
+                P("dedicated_nt_mask", (long)b);
+            }
+        }
+    }
 #else
     P("native_thread_id", OFF(rb_thread_t, thread_id));
 #endif
@@ -160,6 +175,7 @@ int main(void)
     P("t_iclass", RUBY_T_ICLASS);
     P("t_imemo", RUBY_T_IMEMO);
     P("fl_singleton", RUBY_FL_SINGLETON);
+    P("fl_promoted", RUBY_FL_PROMOTED);
 
     printf("\n[class]\n");
 #if RUBY_VER >= 303

@@ -32,6 +32,8 @@ pub struct Ruby {
     pub root: Option<PathBuf>,
     /// The ruby executable (inside the chroot, if any).
     pub exe: String,
+    /// Environment it runs with (`RUBYOPT=--yjit`, `RUBY_MN_THREADS=1`).
+    pub env: Vec<(String, String)>,
 }
 
 impl Ruby {
@@ -41,11 +43,12 @@ impl Ruby {
             name: "3.1".into(),
             root: None,
             exe: "ruby".into(),
+            env: Vec::new(),
         }
     }
 
     /// A Ruby the suite covers, by name: "2.7", "3.1", "3.1-static", "3.3",
-    /// "3.4". A missing one fails loudly (run scripts/setup-rubies.sh, which
+    /// "3.4", "3.3-yjit" (run with YJIT on). A missing one fails loudly (run scripts/setup-rubies.sh, which
     /// `make test` does): no test is skipped for want of a Ruby.
     pub fn named(name: &str) -> Ruby {
         let cache = cache_dir();
@@ -60,21 +63,28 @@ impl Ruby {
                 name: name.into(),
                 root: Some(root),
                 exe: exe.into(),
+                env: Vec::new(),
             }
         };
         match name {
             "3.1" => Ruby::host(),
-            "3.1-static" => {
-                let exe = cache.join("ruby-3.1-static/bin/ruby");
+            "3.1-static" | "3.3-yjit" => {
+                let exe = cache.join(format!("ruby-{name}/bin/ruby"));
                 assert!(
                     exe.exists(),
-                    "static Ruby missing at {}: run scripts/setup-rubies.sh static",
+                    "Ruby {name} missing at {}: run scripts/setup-rubies.sh {name}",
                     exe.display()
                 );
+                let env = if name == "3.3-yjit" {
+                    vec![("RUBYOPT".to_string(), "--yjit".to_string())]
+                } else {
+                    Vec::new()
+                };
                 Ruby {
                     name: name.into(),
                     root: None,
                     exe: exe.display().to_string(),
+                    env,
                 }
             }
             "2.7" | "3.3" => chroot("ruby"),
@@ -108,6 +118,7 @@ impl Ruby {
             }
         };
         cmd.args(args);
+        cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
         cmd
     }
 

@@ -1,0 +1,274 @@
+//! Time as the target's garbage collector sees it, and the one rule that
+//! decides whether something read from the target's memory describes a sample.
+//!
+//! BPF names frames by address (iseq, method entry), and userspace reads what
+//! is at those addresses later. In between, the GC may free an object and hand
+//! its slot to a new one, or move it (compaction). So every sample carries the
+//! GC's time at the moment it was taken, every read of the target's memory is
+//! bracketed by two readings of that time, and a fact read at one time is used
+//! for a sample of another only when Ruby's GC guarantees the object cannot
+//! have changed in between:
+//!
+//! * Time is `2 * count + phase`, where `count` is `objspace->profile.count`
+//!   (GCs started) and `phase` is 0 while that GC is marking, 1 after. Objects
+//!   are freed only by a GC's sweep, which follows its marking, and moved only
+//!   by compaction, which follows marking too. An object a frame referenced
+//!   when marking was over (phase 1) was marked, so it stays at its address
+//!   until the next GC's marking ends. During marking (phase 0) a frame may
+//!   pop and its object die in that same GC's sweep, which is why the phase is
+//!   part of the time and not just the count.
+//! * So a fact read at time t describes a sample of time t, and of any time
+//!   with no end of a marking in between: from GC k's end of marking (2k + 1)
+//!   to GC k + 1's (2k + 2) the same objects sit at the same addresses.
+//! * An *old* object (`RUBY_FL_PROMOTED`) is freed or moved only by a major
+//!   GC. A fact about an old object read at time r also describes a sample of
+//!   time s when no major GC ended its marking between the two, and, if the
+//!   sample is the earlier one, when fewer than three GCs separate them (an
+//!   object allocated after the sample cannot be old three GCs later).
+//!
+//! The one exception is compaction, which moves objects after marking without
+//! a new count: BPF flags a sample taken while a compacting GC is past its
+//! marking (`RPROF_SAMPLE_GC_MOVING`) and its Ruby frames are not named, and a
+//! reading of the clock in that state is `unsettled`, so nothing read then is
+//! kept. (Ruby 2.7 compacts after its GC has finished, but with
+//! `during_compacting` set throughout.) As a last guard, a frame's pc must lie
+//! in the code of the iseq read at its address (resolve/mod.rs).
+
+use std::collections::VecDeque;
+use std::fmt;
+
+use crate::process::Process;
+
+/// A point on the target GC's timeline: `2 * count + phase` (see the module doc).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct GcTime(pub u64);
+
+impl GcTime {
+    pub fn new(count: u64, marking: bool) -> Self {
+        GcTime(count * 2 + u64::from(!marking))
+    }
+
+    /// The GCs started before this time.
+    pub fn count(self) -> u64 {
+        self.0 / 2
+    }
+}
+
+impl fmt::Display for GcTime {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let phase = if self.0 % 2 == 0 {
+            "marking"
+        } else {
+            "after marking"
+        };
+        write!(f, "GC {} {phase}", self.count())
+    }
+}
+
+/// `objspace->flags.mode` values (`enum gc_mode`), the same in Ruby 2.7 to 3.4.
+const MODE_MASK: u32 = 3;
+const MODE_NONE: u32 = 0;
+const MODE_MARKING: u32 = 1;
+const MODE_COMPACTING: u32 = 3;
+/// `objspace->flags.during_gc`, bit 5 in Ruby 2.7 to 3.4.
+const DURING_GC: u32 = 1 << 5;
+/// `objspace->flags.during_compacting`, bit 6 in Ruby 2.7 to 3.4 (3.3+ also
+/// have `gc_mode_compacting`).
+const DURING_COMPACTING: u32 = 1 << 6;
+
+/// Where a target's GC keeps its clock (absolute addresses in the target).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GcClock {
+    /// `objspace->flags`, a 32-bit bitfield.
+    pub flags: u64,
+    /// `objspace->profile.count`.
+    pub count: u64,
+    /// `objspace->profile.major_gc_count`.
+    pub major_count: u64,
+}
+
+/// One reading of the GC clock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reading {
+    pub time: GcTime,
+    /// Read after `count`, so it includes every major GC before the one
+    /// `count` numbers (which bumps it only once it starts marking).
+    pub major_count: u64,
+    /// The time does not say what memory holds: a compacting GC is past its
+    /// marking (objects may be moving), or a GC has counted itself but not yet
+    /// started marking.
+    pub unsettled: bool,
+}
+
+impl GcClock {
+    /// Reads the clock (one system call).
+    pub fn read(&self, process: &Process) -> Option<Reading> {
+        let mut flags = [0u8; 4];
+        let mut count = [0u8; 8];
+        let mut major = [0u8; 8];
+        process
+            .read_many(&mut [
+                (self.flags, &mut flags[..]),
+                (self.count, &mut count[..]),
+                (self.major_count, &mut major[..]),
+            ])
+            .ok()?;
+        let flags = u32::from_le_bytes(flags);
+        let mode = flags & MODE_MASK;
+        Some(Reading {
+            time: GcTime::new(u64::from_le_bytes(count), mode == MODE_MARKING),
+            major_count: u64::from_le_bytes(major),
+            unsettled: mode == MODE_COMPACTING
+                || (flags & DURING_COMPACTING != 0 && mode != MODE_MARKING)
+                || (flags & DURING_GC != 0 && mode == MODE_NONE),
+        })
+    }
+}
+
+/// Two readings around a batch of reads of the target's memory: what was read
+/// is true at `time` if both agree and both are settled.
+pub fn bracket(before: Reading, after: Reading) -> Option<GcTime> {
+    (before.time == after.time && !before.unsettled && !after.unsettled).then_some(before.time)
+}
+
+/// What rprof has seen of the GC's major collections: readings of
+/// (count, major_count), oldest first, to tell whether a major GC happened
+/// between two times.
+#[derive(Debug, Default)]
+pub struct MajorLog {
+    readings: VecDeque<(u64, u64)>,
+}
+
+/// Readings kept; older facts about old objects are simply read again.
+const MAJOR_LOG_LEN: usize = 4096;
+
+impl MajorLog {
+    pub fn note(&mut self, r: &Reading) {
+        let entry = (r.time.count(), r.major_count);
+        if self.readings.back() == Some(&entry) {
+            return;
+        }
+        // Readings arrive in time order; a stale one (a slow bracket) is dropped.
+        if self
+            .readings
+            .back()
+            .is_some_and(|&(c, m)| c > entry.0 || m > entry.1)
+        {
+            return;
+        }
+        if self.readings.len() == MAJOR_LOG_LEN {
+            self.readings.pop_front();
+        }
+        self.readings.push_back(entry);
+    }
+
+    /// Whether every GC numbered `first..=last` is known to have been minor:
+    /// the major count read before GC `first` started equals the one read
+    /// once GC `last + 1` had started (by then GC `last` has bumped it if it
+    /// was major).
+    fn all_minor(&self, first: u64, last: u64) -> bool {
+        if first > last {
+            return true;
+        }
+        let before = self.readings.iter().rev().find(|(c, _)| *c < first);
+        let after = self.readings.iter().find(|(c, _)| *c > last);
+        matches!((before, after), (Some((_, a)), Some((_, b))) if a == b)
+    }
+
+    /// Whether a fact read at `read` describes a sample taken at `sample`, for
+    /// an object that was `old` when read (see the module doc).
+    pub fn describes(&self, read: GcTime, sample: GcTime, old: bool) -> bool {
+        // GC k moves and frees once its marking has ended, from time 2k + 1:
+        // nothing changes between two times unless a marking ended between
+        // them (GCs `first..=last`), and an old object only if one of those
+        // GCs was major.
+        let (lo, hi) = (read.min(sample), read.max(sample));
+        let (first, last) = (lo.0.div_ceil(2), hi.0.saturating_sub(1) / 2);
+        if first > last {
+            return true;
+        }
+        if !old || !self.all_minor(first, last) {
+            return false;
+        }
+        // Old when read after the sample: it must already have been there.
+        read < sample || read.count() - sample.count() < 3
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(count: u64, marking: bool) -> GcTime {
+        GcTime::new(count, marking)
+    }
+
+    fn reading(count: u64, major: u64) -> Reading {
+        Reading {
+            time: t(count, false),
+            major_count: major,
+            unsettled: false,
+        }
+    }
+
+    #[test]
+    fn time_orders_marking_before_after() {
+        assert!(t(3, true) < t(3, false));
+        assert!(t(3, false) < t(4, true));
+        assert_eq!(t(7, false).count(), 7);
+        assert_eq!(t(7, true).to_string(), "GC 7 marking");
+    }
+
+    #[test]
+    fn brackets_need_agreement_and_a_settled_heap() {
+        let a = reading(5, 1);
+        assert_eq!(bracket(a, a), Some(t(5, false)));
+        assert_eq!(bracket(a, reading(6, 1)), None);
+        let moving = Reading { unsettled: true, ..a };
+        assert_eq!(bracket(a, moving), None);
+    }
+
+    #[test]
+    fn young_objects_only_at_their_own_time() {
+        let log = MajorLog::default();
+        assert!(log.describes(t(4, false), t(4, false), false));
+        assert!(!log.describes(t(4, false), t(5, false), false));
+        assert!(!log.describes(t(4, true), t(4, false), false));
+        // No marking ends between GC 4's sweep and GC 5's marking.
+        assert!(log.describes(t(4, false), t(5, true), false));
+        assert!(log.describes(t(5, true), t(4, false), false));
+    }
+
+    #[test]
+    fn old_objects_across_minor_gcs_only() {
+        let mut log = MajorLog::default();
+        // GCs 11 and 12 minor, 13 or 14 major (seen once 15 had started), 16 minor.
+        for (c, m) in [(10, 2), (13, 2), (15, 3), (17, 3)] {
+            log.note(&reading(c, m));
+        }
+        assert!(log.describes(t(10, false), t(12, false), true));
+        assert!(log.describes(t(12, false), t(10, false), true));
+        // GC 13 may have been major: its marking ended between these two.
+        assert!(!log.describes(t(13, true), t(13, false), true));
+        assert!(!log.describes(t(12, false), t(14, false), true));
+        // Within GC 13's marking nothing moves, major or not.
+        assert!(log.describes(t(13, true), t(13, true), true));
+        // GC 16 was minor.
+        assert!(log.describes(t(15, false), t(16, false), true));
+        // A reading at count 13 does not vouch for GC 13 itself: it may have
+        // counted itself and not yet bumped the major count.
+        assert!(!log.describes(t(12, false), t(13, false), true));
+        // Nothing known before the first reading.
+        assert!(!log.describes(t(5, false), t(10, false), true));
+    }
+
+    #[test]
+    fn an_old_object_read_long_after_the_sample_may_be_a_newer_one() {
+        let mut log = MajorLog::default();
+        log.note(&reading(0, 0));
+        log.note(&reading(20, 0));
+        assert!(log.describes(t(10, false), t(8, false), true));
+        assert!(!log.describes(t(11, false), t(8, false), true));
+        assert!(log.describes(t(8, false), t(18, false), true));
+    }
+}

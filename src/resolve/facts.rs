@@ -1,0 +1,215 @@
+//! What rprof remembers about the target's objects, and when it may use it.
+//!
+//! A fact is something read at an address (an iseq, a method entry, a class),
+//! stamped with the GC time of the read and whether the object was old then.
+//! It answers for a sample only when `MajorLog::describes` shows that the
+//! object at that address was the same at both times (src/gc_time.rs): this is
+//! the only way anything read from the target is used, so an address the GC
+//! freed and refilled, or an object it moved, is never named after what was
+//! there before. Facts read while resolving one stack are pending until the GC
+//! clock read after the reads shows that no GC step happened during them.
+
+use std::collections::HashMap;
+
+use crate::gc_time::{GcTime, MajorLog};
+
+/// When a fact was read, and over which GC times it is known to hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stamp {
+    /// The time of the reading...
+    pub first: GcTime,
+    /// ... and the latest time the object is known to have still been there
+    /// (checked on every tick, so facts about long-lived code carry forward).
+    pub last: GcTime,
+    /// The object was old (promoted) when read: only a major GC frees or moves it.
+    pub old: bool,
+}
+
+impl Stamp {
+    pub fn read_at(at: GcTime, old: bool) -> Self {
+        Self {
+            first: at,
+            last: at,
+            old,
+        }
+    }
+
+    /// Whether the object read is the one at the address at time `t`.
+    pub fn describes(&self, log: &MajorLog, t: GcTime) -> bool {
+        if t < self.first {
+            log.describes(self.first, t, self.old)
+        } else if t > self.last {
+            log.describes(self.last, t, self.old)
+        } else {
+            true
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Entry<T> {
+    value: T,
+    stamp: Stamp,
+    /// Unique per reading, so caches derived from this reading (lines) can
+    /// tell it from a later reading of the same address.
+    serial: u64,
+}
+
+/// Facts of one kind, by address; a committed table and the pending readings.
+#[derive(Debug)]
+pub struct Facts<T> {
+    committed: HashMap<u64, Entry<T>>,
+    pending: HashMap<u64, Entry<T>>,
+}
+
+impl<T> Default for Facts<T> {
+    fn default() -> Self {
+        Self {
+            committed: HashMap::new(),
+            pending: HashMap::new(),
+        }
+    }
+}
+
+/// A fact found for a sample: its value, the serial of its reading, and
+/// whether it also describes the present (so more can be read from it).
+pub struct Found<'a, T> {
+    pub value: &'a T,
+    pub serial: u64,
+    pub current: bool,
+}
+
+impl<T> Facts<T> {
+    /// The fact about `addr` that describes a sample taken at `sample`, if one
+    /// is known; `now` is the time of the reads in progress, if any.
+    pub fn get(
+        &self,
+        addr: u64,
+        sample: GcTime,
+        now: Option<GcTime>,
+        log: &MajorLog,
+    ) -> Option<Found<'_, T>> {
+        [&self.pending, &self.committed]
+            .into_iter()
+            .filter_map(|m| m.get(&addr))
+            .find(|e| e.stamp.describes(log, sample))
+            .map(|e| Found {
+                value: &e.value,
+                serial: e.serial,
+                current: now.is_some_and(|now| e.stamp.describes(log, now)),
+            })
+    }
+
+    /// Notes a reading made at `stamp.at`, pending until `commit`.
+    pub fn read(&mut self, addr: u64, value: T, stamp: Stamp, serial: u64) {
+        self.pending.insert(addr, Entry { value, stamp, serial });
+    }
+
+    /// The reads since the last commit happened while the GC stood still.
+    pub fn commit(&mut self) {
+        self.committed.extend(self.pending.drain());
+    }
+
+    /// The reads since the last commit may have seen the GC at work.
+    pub fn roll_back(&mut self) {
+        self.pending.clear();
+    }
+
+    /// At a new GC time `now`: carries forward the facts still true, and
+    /// forgets those no sample still in flight can use (read or last known
+    /// true more than two GCs ago).
+    pub fn tick(&mut self, now: GcTime, log: &MajorLog) {
+        self.committed.retain(|_, e| {
+            if e.stamp.describes(log, now) {
+                e.stamp.last = e.stamp.last.max(now);
+                true
+            } else {
+                e.stamp.last.count() + 2 >= now.count()
+            }
+        });
+    }
+
+    pub fn serials(&self) -> impl Iterator<Item = u64> + '_ {
+        self.committed.values().map(|e| e.serial)
+    }
+
+    #[cfg(test)]
+    pub fn len(&self) -> usize {
+        self.committed.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gc_time::Reading;
+
+    fn after_marking(count: u64) -> GcTime {
+        GcTime::new(count, false)
+    }
+
+    #[test]
+    fn a_young_fact_answers_only_for_its_own_gc_time() {
+        let log = MajorLog::default();
+        let mut f = Facts::default();
+        let stamp = Stamp::read_at(after_marking(4), false);
+        f.read(0x1000, "churn_1", stamp, 1);
+        assert!(f.get(0x1000, after_marking(4), None, &log).is_some());
+        f.commit();
+        assert_eq!(
+            f.get(0x1000, after_marking(4), None, &log).map(|x| *x.value),
+            Some("churn_1")
+        );
+        // After GC 5 marked, the slot may hold another object.
+        assert!(f.get(0x1000, after_marking(5), None, &log).is_none());
+        assert!(f.get(0x2000, after_marking(4), None, &log).is_none());
+    }
+
+    #[test]
+    fn rolled_back_reads_are_forgotten() {
+        let log = MajorLog::default();
+        let mut f = Facts::default();
+        let stamp = Stamp::read_at(after_marking(4), false);
+        f.read(0x1000, 1, stamp, 1);
+        f.roll_back();
+        f.commit();
+        assert!(f.get(0x1000, after_marking(4), None, &log).is_none());
+    }
+
+    #[test]
+    fn old_facts_survive_minor_gcs_and_eviction() {
+        let mut log = MajorLog::default();
+        for (count, major) in [(3, 1), (9, 1)] {
+            log.note(&Reading {
+                time: after_marking(count),
+                major_count: major,
+                unsettled: false,
+            });
+        }
+        let mut f = Facts::default();
+        f.read(0x1000, "Object#main", Stamp::read_at(after_marking(4), true), 7);
+        f.read(0x2000, "young", Stamp::read_at(after_marking(4), false), 8);
+        f.commit();
+        let found = f
+            .get(0x1000, after_marking(8), Some(after_marking(8)), &log)
+            .unwrap();
+        assert_eq!((found.serial, found.current), (7, true));
+        f.tick(after_marking(8), &log);
+        assert_eq!(f.len(), 1);
+    }
+
+    #[test]
+    fn facts_carry_forward_while_no_marking_ends() {
+        let log = MajorLog::default();
+        let mut f = Facts::default();
+        f.read(0x1000, "churn_1", Stamp::read_at(after_marking(4), false), 1);
+        f.commit();
+        // GC 5 is marking: nothing has moved yet.
+        f.tick(GcTime::new(5, true), &log);
+        assert!(f.get(0x1000, GcTime::new(5, true), None, &log).is_some());
+        // Once it has marked, the slot may hold another object.
+        f.tick(after_marking(5), &log);
+        assert!(f.get(0x1000, after_marking(5), None, &log).is_none());
+        assert!(f.get(0x1000, GcTime::new(5, true), None, &log).is_some());
+    }
+}

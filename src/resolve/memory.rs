@@ -1,0 +1,407 @@
+//! Reading Ruby's objects out of the target's memory, the way Ruby itself
+//! does for a backtrace. Nothing here is cached: every call reads the memory
+//! as it is now, and the caller (facts.rs) decides when that reading may be
+//! used for a sample.
+
+use ruby_structs::Layout;
+
+use crate::process::Process;
+
+/// Longest string read from the target (labels, paths).
+const MAX_STRING: u64 = 4096;
+/// Entries of Ruby's line-table index below this position are packed in `imm_part`.
+const IMMEDIATE_TABLE_SIZE: u64 = 54;
+const SUCC_BLOCK_SIZE: u64 = 80;
+
+/// What an instruction sequence says about itself.
+#[derive(Debug, Clone)]
+pub struct Iseq {
+    pub type_: u32,
+    pub label: String,
+    pub path: String,
+    pub parent: u64,
+    pub local: u64,
+    pub first_lineno: u32,
+    pub encoded: u64,
+    pub size: u64,
+    pub insns_body: u64,
+    pub insns_size: u64,
+    pub succ_table: u64,
+}
+
+impl Iseq {
+    /// Whether `pc` lies in this iseq's code (it may point just past the end).
+    pub fn contains(&self, pc: u64) -> bool {
+        pc >= self.encoded && pc <= self.encoded + self.size * 8
+    }
+}
+
+/// A method entry: its owner and the method's original name.
+#[derive(Debug, Clone, Copy)]
+pub struct MethodEntry {
+    pub owner: Option<u64>,
+    pub original_id: Option<u64>,
+}
+
+/// What a class or module is, for naming methods after it.
+#[derive(Debug, Clone)]
+pub enum Class {
+    /// A class or module, with its name and whether that name is permanent.
+    Named(Option<(String, bool)>),
+    /// A singleton class, and the object it belongs to.
+    Singleton(Option<u64>),
+    /// Anything else (an iclass, a freed slot).
+    Other,
+}
+
+/// A heap object's first word, and whether the GC considers it old.
+#[derive(Debug, Clone, Copy)]
+pub struct Header {
+    pub flags: u64,
+    pub old: bool,
+}
+
+pub struct Memory {
+    process: Process,
+    layout: Layout,
+    global_symbols: Option<u64>,
+}
+
+impl Memory {
+    pub fn new(process: Process, layout: Layout, global_symbols: Option<u64>) -> Self {
+        Self {
+            process,
+            layout,
+            global_symbols,
+        }
+    }
+
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    fn is_object(v: u64) -> bool {
+        v >= 0x1000 && v & 7 == 0
+    }
+
+    /// The flags word (`RBasic.flags`) of a heap object; None for special
+    /// constants and unreadable addresses.
+    fn flags(&self, v: u64) -> Option<u64> {
+        if !Self::is_object(v) {
+            return None;
+        }
+        self.process.read_u64(v).ok()
+    }
+
+    /// An object's header, for the age the GC gives it.
+    pub fn header(&self, v: u64) -> Option<Header> {
+        let flags = self.flags(v)?;
+        let promoted = self.layout.value.fl_promoted;
+        Some(Header {
+            flags,
+            old: flags & promoted == promoted,
+        })
+    }
+
+    fn builtin_type(&self, v: u64) -> Option<u64> {
+        Some(self.flags(v)? & self.layout.value.type_mask)
+    }
+
+    fn is_imemo(&self, flags: u64, imemo_type: u64) -> bool {
+        let l = &self.layout;
+        flags & l.value.type_mask == l.value.t_imemo
+            && (flags >> l.imemo.type_shift) & l.imemo.type_mask == imemo_type
+    }
+
+    /// The iseq at `iseq`, if that is one.
+    pub fn iseq(&self, iseq: u64, h: Header) -> Option<Iseq> {
+        let l = &self.layout.iseq;
+        if !self.is_imemo(h.flags, self.layout.imemo.type_iseq) {
+            return None;
+        }
+        let body = self.process.read_u64(iseq + l.body as u64).ok()?;
+        if !Self::is_object(body) {
+            return None;
+        }
+        let mut raw = [0u8; 256];
+        self.process.read(body, &mut raw).ok()?;
+        let u64_at = |off: u32| -> u64 {
+            let o = off as usize;
+            raw.get(o..o + 8)
+                .map(|b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8])))
+                .unwrap_or(0)
+        };
+        let u32_at = |off: u32| -> u64 {
+            let o = off as usize;
+            raw.get(o..o + 4)
+                .map(|b| u32::from_le_bytes(b.try_into().unwrap_or([0; 4])) as u64)
+                .unwrap_or(0)
+        };
+        let first_lineno = if l.first_lineno_is_fixnum != 0 {
+            u64_at(l.first_lineno) >> 1
+        } else {
+            u32_at(l.first_lineno)
+        } as u32;
+        Some(Iseq {
+            first_lineno,
+            type_: u32_at(l.type_) as u32,
+            label: self.rstring(u64_at(l.label))?,
+            path: self.path_of(u64_at(l.pathobj))?,
+            parent: u64_at(l.parent_iseq),
+            local: u64_at(l.local_iseq),
+            encoded: u64_at(l.iseq_encoded),
+            size: u32_at(l.iseq_size),
+            insns_body: u64_at(l.insns_info_body),
+            insns_size: u32_at(l.insns_info_size),
+            succ_table: u64_at(l.succ_index_table),
+        })
+    }
+
+    /// The method entry at `cme`, if that is one (a frame outside any method
+    /// has a cref there instead).
+    pub fn method_entry(&self, cme: u64, h: Header) -> Option<MethodEntry> {
+        let l = &self.layout.method_entry;
+        if !self.is_imemo(h.flags, self.layout.imemo.type_ment) {
+            return None;
+        }
+        let owner = self
+            .process
+            .read_u64(cme + l.owner as u64)
+            .ok()
+            .filter(|&o| Self::is_object(o));
+        let def = self.process.read_u64(cme + l.def as u64).ok()?;
+        let original_id = if def == 0 {
+            None
+        } else {
+            self.process.read_u64(def + l.def_original_id as u64).ok()
+        };
+        Some(MethodEntry { owner, original_id })
+    }
+
+    /// A class, module or singleton class, as rb_gen_method_name needs it.
+    pub fn class(&self, klass: u64, h: Header) -> Class {
+        let v = &self.layout.value;
+        let t = h.flags & v.type_mask;
+        if t != v.t_class && t != v.t_module {
+            return Class::Other;
+        }
+        if t == v.t_class && h.flags & v.fl_singleton != 0 {
+            return Class::Singleton(self.attached_object(klass));
+        }
+        Class::Named(self.class_name(klass))
+    }
+
+    /// A class's name, as Ruby's classname(): (path, permanent).
+    fn class_name(&self, klass: u64) -> Option<(String, bool)> {
+        let c = &self.layout.class;
+        if let (Some(ext), Some(path_off)) = (c.ext_embedded, c.ext_classpath) {
+            let ext = klass + ext as u64;
+            let path = self.process.read_u64(ext + path_off as u64).ok()?;
+            let permanent = match (c.ext_permanent_classpath_byte, c.ext_permanent_classpath_mask) {
+                (Some(byte), Some(mask)) => {
+                    let mut b = [0u8; 1];
+                    self.process.read(ext + byte as u64, &mut b).ok()?;
+                    b[0] & mask != 0
+                }
+                _ => true,
+            };
+            return Some((self.rstring(path)?, permanent));
+        }
+        let ivars = self.class_ivars(klass)?;
+        if let Some((_, v)) = ivars.iter().find(|(k, _)| k == "__classpath__") {
+            return Some((self.rstring(*v)?, true));
+        }
+        let (_, v) = ivars.iter().find(|(k, _)| k == "__tmp_classpath__")?;
+        Some((self.rstring(*v)?, false))
+    }
+
+    /// The object a singleton class belongs to.
+    fn attached_object(&self, klass: u64) -> Option<u64> {
+        let c = &self.layout.class;
+        if let (Some(ext), Some(off)) = (c.ext_embedded, c.ext_attached_object) {
+            return self.process.read_u64(klass + ext as u64 + off as u64).ok();
+        }
+        let ivars = self.class_ivars(klass)?;
+        ivars
+            .into_iter()
+            .find(|(k, _)| k == "__attached__")
+            .map(|(_, v)| v)
+    }
+
+    /// (name, value) of a class's ivars before 3.2: its classext's st_table.
+    fn class_ivars(&self, klass: u64) -> Option<Vec<(String, u64)>> {
+        let c = &self.layout.class;
+        let st = &self.layout.st_table;
+        let ext = self.process.read_u64(klass + c.ext_ptr? as u64).ok()?;
+        let tbl = self.process.read_u64(ext + c.ext_iv_tbl? as u64).ok()?;
+        if tbl == 0 {
+            return None;
+        }
+        let start = self.process.read_u64(tbl + st.entries_start as u64).ok()?;
+        let bound = self.process.read_u64(tbl + st.entries_bound as u64).ok()?;
+        let entries = self.process.read_u64(tbl + st.entries as u64).ok()?;
+        if bound < start || bound - start > 4096 {
+            return None;
+        }
+        let size = st.entry_size as u64;
+        let mut raw = vec![0u8; ((bound - start) * size) as usize];
+        self.process.read(entries + start * size, &mut raw).ok()?;
+        let word = |at: usize| u64::from_le_bytes(raw[at..at + 8].try_into().unwrap_or([0; 8]));
+        let mut out = Vec::new();
+        for i in 0..(bound - start) as usize {
+            let base = i * size as usize;
+            // A deleted entry has the reserved hash value (all ones).
+            if word(base + st.entry_hash as usize) == u64::MAX {
+                continue;
+            }
+            let key = word(base + st.entry_key as usize);
+            if let Some(name) = self.id_name(key) {
+                out.push((name, word(base + st.entry_record as usize)));
+            }
+        }
+        Some(out)
+    }
+
+    /// A pathobj is a String, or an Array [path, realpath]: prefer the absolute one.
+    fn path_of(&self, pathobj: u64) -> Option<String> {
+        let v = &self.layout.value;
+        match self.builtin_type(pathobj)? {
+            t if t == v.t_string => self.rstring(pathobj),
+            t if t == v.t_array => {
+                let real = self.rarray_entry(pathobj, 1).and_then(|r| self.rstring(r));
+                real.or_else(|| self.rarray_entry(pathobj, 0).and_then(|p| self.rstring(p)))
+            }
+            _ => None,
+        }
+    }
+
+    fn rstring(&self, s: u64) -> Option<String> {
+        let l = &self.layout.string;
+        let flags = self.flags(s)?;
+        if flags & self.layout.value.type_mask != self.layout.value.t_string {
+            return None;
+        }
+        let (ptr, len) = if flags & l.noembed_flag != 0 {
+            (
+                self.process.read_u64(s + l.heap_ptr as u64).ok()?,
+                self.process.read_u64(s + l.len as u64).ok()?,
+            )
+        } else {
+            let len = match (l.embed_len_mask, l.embed_len_shift) {
+                (Some(mask), Some(shift)) => (flags & mask) >> shift,
+                _ => self.process.read_u64(s + l.len as u64).ok()?,
+            };
+            (s + l.embed_ary as u64, len)
+        };
+        let mut buf = vec![0u8; len.min(MAX_STRING) as usize];
+        self.process.read(ptr, &mut buf).ok()?;
+        Some(String::from_utf8_lossy(&buf).into_owned())
+    }
+
+    fn rarray_entry(&self, ary: u64, index: u64) -> Option<u64> {
+        let l = &self.layout.array;
+        let flags = self.flags(ary)?;
+        if flags & self.layout.value.type_mask != self.layout.value.t_array {
+            return None;
+        }
+        let (ptr, len) = if flags & l.embed_flag != 0 {
+            (
+                ary + l.embed_ary as u64,
+                (flags & l.embed_len_mask) >> l.embed_len_shift,
+            )
+        } else {
+            (
+                self.process.read_u64(ary + l.heap_ptr as u64).ok()?,
+                self.process.read_u64(ary + l.len as u64).ok()?,
+            )
+        };
+        if index >= len {
+            return None;
+        }
+        self.process.read_u64(ptr + index * 8).ok()
+    }
+
+    /// The line of `pc` in `info`, as Ruby's calc_pos/get_insn_info compute it.
+    pub fn line_of(&self, info: &Iseq, pc: u64) -> Option<u32> {
+        if !info.contains(pc) {
+            return None;
+        }
+        let n = (pc - info.encoded) / 8;
+        // pc points at the next instruction once one has started.
+        let pos = n.saturating_sub(1);
+        let index = match info.insns_size {
+            0 => return None,
+            1 => 0,
+            size => {
+                let rank = self.succ_index_lookup(info.succ_table, pos)?;
+                if rank == 0 || rank > size {
+                    return None;
+                }
+                rank - 1
+            }
+        };
+        let l = &self.layout.iseq;
+        let entry = info.insns_body + index * l.insn_info_entry_size as u64 + l.insn_info_line_no as u64;
+        match self.process.read_u32(entry).ok()? {
+            // A frame pushed but not started sits on a line-0 bookkeeping
+            // instruction in some versions: it is at the start of its code.
+            0 => Some(info.first_lineno),
+            line => Some(line),
+        }
+    }
+
+    /// Ruby's succinct bit vector lookup (iseq.c succ_index_lookup).
+    fn succ_index_lookup(&self, table: u64, pos: u64) -> Option<u64> {
+        if table == 0 {
+            return None;
+        }
+        if pos < IMMEDIATE_TABLE_SIZE {
+            let word = self.process.read_u64(table + 8 * (pos / 9)).ok()?;
+            return Some((word >> (7 * (pos % 9))) & 0x7f);
+        }
+        let x = pos - IMMEDIATE_TABLE_SIZE;
+        let block = table + 8 * (IMMEDIATE_TABLE_SIZE / 9) + (x / 512) * SUCC_BLOCK_SIZE;
+        let mut raw = [0u8; SUCC_BLOCK_SIZE as usize];
+        self.process.read(block, &mut raw).ok()?;
+        let word = |off: usize| u64::from_le_bytes(raw[off..off + 8].try_into().unwrap_or([0; 8]));
+        let rank = u32::from_le_bytes(raw[0..4].try_into().unwrap_or([0; 4])) as u64;
+        let small_ranks = word(8);
+        let bit = x % 512;
+        let j = bit / 64;
+        let small = if j > 0 {
+            (small_ranks >> ((j - 1) * 9)) & 0x1ff
+        } else {
+            0
+        };
+        let bits = word(16 + 8 * j as usize);
+        let pop = (bits << (63 - bit % 64)).count_ones() as u64;
+        Some(rank + small + pop)
+    }
+
+    /// Thread#name of the Ruby thread at `th`, if it has one.
+    pub fn thread_name(&self, th: u64) -> Option<String> {
+        let t = &self.layout.thread;
+        let name = self.process.read_u64(th + t.name? as u64).ok()?;
+        self.rstring(name)
+    }
+
+    /// rb_id2str: an ID's name from the global symbol table. An ID names
+    /// the same symbol for the life of the process (IDs are never reused).
+    pub fn id_name(&self, id: u64) -> Option<String> {
+        let s = &self.layout.symbols;
+        let base = self.global_symbols?;
+        let serial = if id > s.last_op_id {
+            id >> s.id_scope_shift
+        } else {
+            id
+        };
+        let last_id = self.process.read_u32(base + s.last_id as u64).ok()? as u64;
+        if serial == 0 || serial > last_id {
+            return None;
+        }
+        let ids = self.process.read_u64(base + s.ids as u64).ok()?;
+        let chunk = self.rarray_entry(ids, serial / s.id_entry_unit)?;
+        let name = self.rarray_entry(chunk, (serial % s.id_entry_unit) * 2)?;
+        self.rstring(name)
+    }
+}

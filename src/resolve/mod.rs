@@ -1,0 +1,451 @@
+//! The only symbolizer: turns frame identities from BPF (iseq + pc, method
+//! entry) into labels, paths and lines by reading the target's memory, the
+//! way Ruby itself computes a backtrace.
+//!
+//! Addresses are not identities: the GC frees objects and hands their slots
+//! to new ones, and compaction moves them. So what is read is kept as facts
+//! stamped with the GC's time (facts.rs), a sample carries the GC time it was
+//! taken at, and a fact names a frame only if the GC cannot have replaced the
+//! object in between (src/gc_time.rs). Anything else is read again, inside a
+//! bracket of two GC clock readings, or the frame is `[unknown]` with the
+//! reason counted. `memory.rs` does the reading.
+
+mod facts;
+mod memory;
+
+use std::collections::HashMap;
+use std::fmt;
+use std::rc::Rc;
+
+use flamegraphs::Frame;
+use ruby_structs::Layout;
+
+use crate::bpf::types;
+use crate::gc_time::{bracket, GcClock, GcTime, MajorLog, Reading};
+use crate::process::Process;
+use crate::target::RubyTarget;
+use facts::{Facts, Stamp};
+use memory::{Class, Header, Iseq, Memory, MethodEntry};
+
+/// Why a frame could not be named.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Unknown {
+    /// Its code was freed or moved by the GC before rprof could read it
+    /// (the sample was read too late).
+    Collected,
+    /// The GC was running every time rprof tried to read it.
+    GcBusy,
+    /// What is at its address is not what the frame says (not an iseq, a pc
+    /// outside its code), or the memory could not be read (the target exited).
+    Unreadable,
+    /// Not known yet: needs a read of the target's memory.
+    NotYet,
+}
+
+impl fmt::Display for Unknown {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Unknown::Collected => "collected before they could be read",
+            Unknown::GcBusy => "GC running while reading",
+            Unknown::Unreadable | Unknown::NotYet => "unreadable",
+        })
+    }
+}
+
+type Lookup<T> = Result<(T, u64, bool), Unknown>;
+
+pub struct Resolver {
+    memory: Memory,
+    clock: Option<GcClock>,
+    process: Process,
+    log: MajorLog,
+    iseqs: Facts<Rc<Iseq>>,
+    /// None: the address holds no method entry (a frame outside any method
+    /// has a cref there).
+    methods: Facts<Option<MethodEntry>>,
+    classes: Facts<Rc<Class>>,
+    /// Lines by (serial of the iseq reading, pc), committed and pending.
+    lines: HashMap<(u64, u64), u32>,
+    pending_lines: Vec<((u64, u64), u32)>,
+    /// ID names: an ID names the same symbol for the life of the process.
+    names: HashMap<u64, Rc<str>>,
+    pending_names: Vec<(u64, Rc<str>)>,
+    serial: u64,
+    /// While reading the target's memory: the GC time the reads happen at.
+    now: Option<GcTime>,
+    /// The GC time of the last tick.
+    ticked_at: GcTime,
+}
+
+impl Resolver {
+    pub fn new(target: &RubyTarget) -> Self {
+        Self::with_layout(
+            target.process,
+            target.layout.clone(),
+            target.global_symbols,
+            target.gc,
+        )
+    }
+
+    fn with_layout(
+        process: Process,
+        layout: Layout,
+        global_symbols: Option<u64>,
+        clock: Option<GcClock>,
+    ) -> Self {
+        Self {
+            memory: Memory::new(process, layout, global_symbols),
+            clock,
+            process,
+            log: MajorLog::default(),
+            iseqs: Facts::default(),
+            methods: Facts::default(),
+            classes: Facts::default(),
+            lines: HashMap::new(),
+            pending_lines: Vec::new(),
+            names: HashMap::new(),
+            pending_names: Vec::new(),
+            serial: 0,
+            now: None,
+            ticked_at: GcTime(0),
+        }
+    }
+
+    fn read_clock(&mut self) -> Option<Reading> {
+        let r = self.clock?.read(&self.process)?;
+        self.log.note(&r);
+        Some(r)
+    }
+
+    /// Called between batches of samples: follows the GC's clock (to know
+    /// which collections were major) and forgets what no sample can use.
+    pub fn tick(&mut self) {
+        let Some(r) = self.read_clock() else { return };
+        if r.unsettled || r.time == self.ticked_at {
+            return;
+        }
+        self.ticked_at = r.time;
+        self.iseqs.tick(r.time, &self.log);
+        self.methods.tick(r.time, &self.log);
+        self.classes.tick(r.time, &self.log);
+        let live: std::collections::HashSet<u64> = self.iseqs.serials().collect();
+        self.lines.retain(|(serial, _), _| live.contains(serial));
+    }
+
+    /// Names the frames of one sample taken at GC time `sample`: first from
+    /// what is known, then by reading the target's memory while the GC stands
+    /// still (tried twice).
+    pub fn stack(&mut self, frames: &[types::rprof_frame], sample: GcTime) -> Vec<Result<Frame, Unknown>> {
+        self.now = None;
+        let mut out: Vec<_> = frames.iter().map(|f| self.frame(f, sample)).collect();
+        for _ in 0..2 {
+            if !out.contains(&Err(Unknown::NotYet)) {
+                break;
+            }
+            let Some(before) = self.read_clock() else { break };
+            if before.unsettled {
+                for f in out.iter_mut().filter(|f| **f == Err(Unknown::NotYet)) {
+                    *f = Err(Unknown::GcBusy);
+                }
+                break;
+            }
+            self.now = Some(before.time);
+            let fresh: Vec<_> = (0..frames.len())
+                .filter(|&i| out[i] == Err(Unknown::NotYet))
+                .map(|i| (i, self.frame(&frames[i], sample)))
+                .collect();
+            self.now = None;
+            let after = self.read_clock();
+            if after.and_then(|a| bracket(before, a)) == Some(before.time) {
+                self.commit();
+                for (i, f) in fresh {
+                    out[i] = f;
+                }
+                break;
+            }
+            self.roll_back();
+            for (i, _) in fresh {
+                out[i] = Err(Unknown::GcBusy);
+            }
+            if after.is_none() {
+                break;
+            }
+            for f in out.iter_mut().filter(|f| **f == Err(Unknown::GcBusy)) {
+                *f = Err(Unknown::NotYet);
+            }
+        }
+        for f in out.iter_mut().filter(|f| **f == Err(Unknown::NotYet)) {
+            *f = Err(Unknown::Unreadable);
+        }
+        out
+    }
+
+    /// Names the frames of a sample taken while a compacting GC moved
+    /// objects (at `sample`, the time after its marking). Each frame's iseq
+    /// address is then either where its object was before compaction or
+    /// where it is after, and the frame's object was alive both before and
+    /// after. Two live iseqs never share code, so a reading in either world
+    /// whose code holds the frame's pc is that frame's iseq: the world after
+    /// (read now) is tried first, then the one before (what was known when
+    /// the GC was marking). Method entries on the VM stack are pinned.
+    pub fn moving_stack(
+        &mut self,
+        frames: &[types::rprof_frame],
+        sample: GcTime,
+    ) -> Vec<Result<Frame, Unknown>> {
+        let mut out = self.stack(frames, sample);
+        let before = GcTime(sample.0.saturating_sub(1));
+        for (i, f) in frames.iter().enumerate() {
+            if f.iseq != 0 && matches!(out[i], Err(Unknown::Unreadable | Unknown::Collected)) {
+                self.now = None;
+                if let Ok(frame) = self.frame(f, before) {
+                    out[i] = Ok(frame);
+                }
+            }
+        }
+        out
+    }
+
+    /// The thread frame of an M:N Ruby thread (one sharing native threads):
+    /// its Thread#name, read while the GC stands still, and the address of
+    /// its `rb_thread_t`, which stays the same for the thread's life.
+    pub fn ruby_thread(&mut self, th: u64) -> String {
+        let name = self.read_clock().filter(|r| !r.unsettled).and_then(|before| {
+            let name = self.memory.thread_name(th)?;
+            let after = self.read_clock()?;
+            bracket(before, after).map(|_| name)
+        });
+        match name {
+            Some(name) => format!("{name} (Ruby thread {th:#x})"),
+            None => format!("Ruby thread {th:#x}"),
+        }
+    }
+
+    /// Whether the GC stands still now (reads can be made).
+    pub fn settled(&mut self) -> bool {
+        self.read_clock().is_some_and(|r| !r.unsettled)
+    }
+
+    fn commit(&mut self) {
+        self.iseqs.commit();
+        self.methods.commit();
+        self.classes.commit();
+        self.lines.extend(self.pending_lines.drain(..));
+        self.names.extend(self.pending_names.drain(..));
+    }
+
+    fn roll_back(&mut self) {
+        self.iseqs.roll_back();
+        self.methods.roll_back();
+        self.classes.roll_back();
+        self.pending_lines.clear();
+        self.pending_names.clear();
+    }
+
+    fn frame(&mut self, f: &types::rprof_frame, sample: GcTime) -> Result<Frame, Unknown> {
+        if f.iseq != 0 {
+            self.ruby_frame(f.iseq, f.pc, f.cme, sample)
+        } else {
+            self.cfunc_label(f.cme, sample).map(Frame::native)
+        }
+    }
+
+    fn ruby_frame(&mut self, addr: u64, pc: u64, cme: u64, sample: GcTime) -> Result<Frame, Unknown> {
+        let (iseq, serial, current) = self.iseq(addr, sample)?;
+        // The iseq at this address when the sample was taken ran this pc.
+        if !iseq.contains(pc) {
+            return Err(Unknown::Unreadable);
+        }
+        let line = self.line(&iseq, serial, current, pc)?;
+        let owner = match self.method(cme, sample)?.0 {
+            Some(m) => m.owner,
+            None => None,
+        };
+        let label = self.iseq_label(owner, addr, sample, 0)?;
+        Ok(Frame::code(label, iseq.path.clone(), line))
+    }
+
+    fn line(&mut self, iseq: &Iseq, serial: u64, current: bool, pc: u64) -> Result<u32, Unknown> {
+        if let Some(&line) = self.lines.get(&(serial, pc)) {
+            return Ok(line);
+        }
+        if let Some((_, line)) = self.pending_lines.iter().find(|(k, _)| *k == (serial, pc)) {
+            return Ok(*line);
+        }
+        // The line table belongs to the object read: read it only while that
+        // reading still describes the present.
+        if self.now.is_none() {
+            return Err(Unknown::NotYet);
+        }
+        if !current {
+            return Err(Unknown::Collected);
+        }
+        let line = self.memory.line_of(iseq, pc).ok_or(Unknown::Unreadable)?;
+        self.pending_lines.push(((serial, pc), line));
+        Ok(line)
+    }
+
+    /// The label Ruby 3.4 prints for a C method: `Integer#times`, `File.exist?`.
+    fn cfunc_label(&mut self, cme: u64, sample: GcTime) -> Result<String, Unknown> {
+        let m = self.method(cme, sample)?.0.ok_or(Unknown::Unreadable)?;
+        let name = self.id_name(m.original_id.ok_or(Unknown::Unreadable)?)?;
+        self.method_name(m.owner, &name, sample)
+    }
+
+    /// Ruby 3.4's calculate_iseq_label: methods qualified by their owner,
+    /// blocks named after the method they are in.
+    fn iseq_label(
+        &mut self,
+        owner: Option<u64>,
+        addr: u64,
+        sample: GcTime,
+        depth: u32,
+    ) -> Result<String, Unknown> {
+        let info = self.iseq(addr, sample)?.0;
+        let l = self.memory.layout().iseq.clone();
+        let t = info.type_;
+        if depth > 64 {
+            return Err(Unknown::Unreadable);
+        }
+        if t == l.type_method {
+            self.method_name(owner, &info.label, sample)
+        } else if t == l.type_block || t == l.type_plain {
+            let mut level = 0;
+            let mut cur = addr;
+            if info.parent != 0 {
+                let mut steps = 0;
+                while info.local != cur {
+                    let cur_info = self.iseq(cur, sample)?.0;
+                    if cur_info.type_ == l.type_block {
+                        level += 1;
+                    }
+                    cur = cur_info.parent;
+                    steps += 1;
+                    if cur == 0 || steps > 256 {
+                        return Err(Unknown::Unreadable);
+                    }
+                }
+            }
+            let inner = self.iseq_label(owner, cur, sample, depth + 1)?;
+            Ok(if level <= 1 {
+                format!("block in {inner}")
+            } else {
+                format!("block ({level} levels) in {inner}")
+            })
+        } else if t == l.type_rescue || t == l.type_ensure || t == l.type_eval {
+            if info.parent == 0 {
+                return Ok(info.label.clone());
+            }
+            self.iseq_label(owner, info.parent, sample, depth + 1)
+        } else {
+            Ok(info.label.clone())
+        }
+    }
+
+    /// rb_gen_method_name: `Owner#name`, `Owner.name` for singleton methods,
+    /// the bare name when the owner has no permanent name.
+    fn method_name(&mut self, owner: Option<u64>, name: &str, sample: GcTime) -> Result<String, Unknown> {
+        let Some(owner) = owner else {
+            return Ok(name.to_string());
+        };
+        let named = |c: &Class| match c {
+            Class::Named(Some((path, true))) => Some(path.clone()),
+            _ => None,
+        };
+        let class = self.class(owner, sample)?.0;
+        Ok(match &*class {
+            Class::Singleton(Some(attached)) if attached & 7 == 0 => {
+                named(&self.class(*attached, sample)?.0).map(|p| format!("{p}.{name}"))
+            }
+            c => named(c).map(|p| format!("{p}#{name}")),
+        }
+        .unwrap_or_else(|| name.to_string()))
+    }
+
+    fn id_name(&mut self, id: u64) -> Result<Rc<str>, Unknown> {
+        if let Some(name) = self.names.get(&id) {
+            return Ok(name.clone());
+        }
+        if let Some((_, name)) = self.pending_names.iter().find(|(k, _)| *k == id) {
+            return Ok(name.clone());
+        }
+        if self.now.is_none() {
+            return Err(Unknown::NotYet);
+        }
+        let name: Rc<str> = self.memory.id_name(id).ok_or(Unknown::Unreadable)?.into();
+        self.pending_names.push((id, name.clone()));
+        Ok(name)
+    }
+
+    fn iseq(&mut self, addr: u64, sample: GcTime) -> Lookup<Rc<Iseq>> {
+        lookup(
+            &mut self.iseqs,
+            &self.log,
+            &self.memory,
+            &mut self.serial,
+            self.now,
+            addr,
+            sample,
+            |m, h| m.iseq(addr, h).map(Rc::new),
+        )
+    }
+
+    fn method(&mut self, addr: u64, sample: GcTime) -> Lookup<Option<MethodEntry>> {
+        lookup(
+            &mut self.methods,
+            &self.log,
+            &self.memory,
+            &mut self.serial,
+            self.now,
+            addr,
+            sample,
+            |m, h| Some(m.method_entry(addr, h)),
+        )
+    }
+
+    fn class(&mut self, addr: u64, sample: GcTime) -> Lookup<Rc<Class>> {
+        lookup(
+            &mut self.classes,
+            &self.log,
+            &self.memory,
+            &mut self.serial,
+            self.now,
+            addr,
+            sample,
+            |m, h| Some(Rc::new(m.class(addr, h))),
+        )
+    }
+}
+
+/// The fact about `addr` for a sample of time `sample`: a known one that
+/// describes it, or, while reads are allowed (`now`), a new reading, kept
+/// pending and used only if the object cannot have changed since the sample.
+/// Returns the value, the reading's serial, and whether it describes `now`.
+#[allow(clippy::too_many_arguments)]
+fn lookup<T: Clone>(
+    facts: &mut Facts<T>,
+    log: &MajorLog,
+    memory: &Memory,
+    serial: &mut u64,
+    now: Option<GcTime>,
+    addr: u64,
+    sample: GcTime,
+    read: impl FnOnce(&Memory, Header) -> Option<T>,
+) -> Lookup<T> {
+    if let Some(found) = facts.get(addr, sample, now, log) {
+        return Ok((found.value.clone(), found.serial, found.current));
+    }
+    let Some(now) = now else {
+        return Err(Unknown::NotYet);
+    };
+    let header = memory.header(addr).ok_or(Unknown::Unreadable)?;
+    let stamp = Stamp::read_at(now, header.old);
+    // Whatever is at the address now may not be what the sample saw.
+    if !stamp.describes(log, sample) {
+        return Err(Unknown::Collected);
+    }
+    let value = read(memory, header).ok_or(Unknown::Unreadable)?;
+    *serial += 1;
+    facts.read(addr, value.clone(), stamp, *serial);
+    Ok((value, *serial, true))
+}
