@@ -220,8 +220,8 @@ static __always_inline int walk_frame(struct walk_ctx *w, __u32 base)
 	ep = cfp_field(s, base, p->cfp_ep);
 
 	if (iseq) {
-		if (!pc)
-			return 0; /* no instruction yet: Ruby's backtraces skip these too */
+		/* pc 0: a C block (ifunc), or a frame YJIT pushed and has not
+		 * written a pc to yet; userspace tells them apart. */
 		f.iseq = iseq;
 		f.pc = pc;
 		f.cme = frame_method_entry(w, ep);

@@ -31,8 +31,8 @@
 //! marking (`RPROF_SAMPLE_GC_MOVING`) and its Ruby frames are not named, and a
 //! reading of the clock in that state is `unsettled`, so nothing read then is
 //! kept. (Ruby 2.7 compacts after its GC has finished, but with
-//! `during_compacting` set throughout.) As a last guard, a frame's pc must lie
-//! in the code of the iseq read at its address (resolve/mod.rs).
+//! `during_compacting` set throughout.) Such a sample's frames are named by
+//! their pc instead: see `Resolver::moving_stack`.
 
 use std::collections::VecDeque;
 use std::fmt;

@@ -339,10 +339,14 @@ impl Collector {
                 self.resolver.stack(&s.frames, time)
             };
             for f in frames.into_iter().rev() {
-                stack.push(f.unwrap_or_else(|why| {
-                    unknown.push(why);
-                    Frame::marker("[unknown]")
-                }));
+                match f {
+                    Ok(frame) => stack.push(frame),
+                    Err(Unknown::NotAFrame) => {}
+                    Err(why) => {
+                        unknown.push(why);
+                        stack.push(Frame::marker("[unknown]"));
+                    }
+                }
             }
         }
         if h.event > 0 {

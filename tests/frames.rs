@@ -44,6 +44,9 @@ fn record_phase(r: &Ruby, phase: &str, seconds: &str) -> Run {
 
 fn check_lines(r: &Ruby) {
     let run = record_phase(r, "lines", "4");
+    if r.name.contains("yjit") {
+        return check_yjit_lines(r, &run);
+    }
     for (tag, hot) in hot_lines() {
         if tag == "level3" {
             continue;
@@ -86,6 +89,44 @@ fn labels_seen(folded: &Folded) -> Vec<String> {
     all
 }
 
+/// YJIT writes a frame's pc only when its code needs it (calls out,
+/// allocates, may raise), so the frame running JIT code shows the line of
+/// its last such point, or none. What must hold: every hot method is there,
+/// named right, and any line it shows lies inside that method.
+fn check_yjit_lines(r: &Ruby, run: &Run) {
+    let src = std::fs::read_to_string(common::scripts_dir().join("frames.rb")).expect("frames.rb");
+    let defs = method_ranges(&src);
+    for (tag, _) in hot_lines() {
+        if tag == "level3" {
+            continue;
+        }
+        let method = unqualified(&tag).rsplit(' ').next().unwrap_or("").to_string();
+        let (start, end) = defs[&method];
+        let mut total = 0;
+        for (stack, n) in &run.folded.stacks {
+            let Some(leaf) = stack.iter().rev().find(|f| label(f) == tag) else {
+                continue;
+            };
+            total += n;
+            if let Some(l) = line(leaf) {
+                assert!(
+                    (start..=end).contains(&l),
+                    "Ruby {}: {leaf} outside {start}..{end}",
+                    r.name
+                );
+            }
+        }
+        assert!(total >= 20, "Ruby {}: only {total} samples in {tag:?}", r.name);
+    }
+    let unknown = run.folded.count(|f| f == "[unknown]");
+    assert!(
+        unknown * 100 <= run.folded.total(),
+        "Ruby {}: {unknown} samples with [unknown] frames: {}",
+        r.name,
+        run.stderr
+    );
+}
+
 fn check_cfuncs(r: &Ruby) {
     let run = record_phase(r, "cfuncs", "3");
     let seen = labels_seen(&run.folded);
@@ -102,10 +143,14 @@ fn check_cfuncs(r: &Ruby) {
             r.name
         );
     }
+    // A sample taken just before a major GC and read just after it cannot
+    // be named (rprof cannot show what its addresses held): rare, counted.
+    let unknown = run.folded.count(|f| f == "[unknown]");
     assert!(
-        !seen.iter().any(|s| s.contains("unknown")),
-        "Ruby {}: unnamed frames in {seen:?}",
-        r.name
+        unknown * 100 <= run.folded.total(),
+        "Ruby {}: {unknown} samples with unnamed frames: {}",
+        r.name,
+        run.stderr
     );
     // Array#sort is C on every version: a frame without a source line.
     for (stack, _) in &run.folded.stacks {

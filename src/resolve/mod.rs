@@ -16,6 +16,7 @@ mod memory;
 use std::collections::HashMap;
 use std::fmt;
 use std::rc::Rc;
+use std::time::{Duration, Instant};
 
 use flamegraphs::Frame;
 use ruby_structs::Layout;
@@ -40,6 +41,8 @@ pub enum Unknown {
     Unreadable,
     /// Not known yet: needs a read of the target's memory.
     NotYet,
+    /// Not a frame Ruby shows (a block written in C): left out.
+    NotAFrame,
 }
 
 impl fmt::Display for Unknown {
@@ -48,9 +51,13 @@ impl fmt::Display for Unknown {
             Unknown::Collected => "collected before they could be read",
             Unknown::GcBusy => "GC running while reading",
             Unknown::Unreadable | Unknown::NotYet => "unreadable",
+            Unknown::NotAFrame => "not a frame",
         })
     }
 }
+
+/// How long naming a stack waits for a busy GC before leaving it for later.
+const BUSY_WAIT: Duration = Duration::from_millis(2);
 
 type Lookup<T> = Result<(T, u64, bool), Unknown>;
 
@@ -134,46 +141,45 @@ impl Resolver {
 
     /// Names the frames of one sample taken at GC time `sample`: first from
     /// what is known, then by reading the target's memory while the GC stands
-    /// still (tried twice).
+    /// still.
     pub fn stack(&mut self, frames: &[types::rprof_frame], sample: GcTime) -> Vec<Result<Frame, Unknown>> {
         self.now = None;
         let mut out: Vec<_> = frames.iter().map(|f| self.frame(f, sample)).collect();
-        for _ in 0..2 {
-            if !out.contains(&Err(Unknown::NotYet)) {
-                break;
-            }
+        // A GC's unsettled moments (between counting itself and marking, at
+        // its very end) last microseconds: wait them out here, as later the
+        // objects may be gone. Compaction takes longer: the caller retries.
+        let deadline = Instant::now() + BUSY_WAIT;
+        while out.contains(&Err(Unknown::NotYet)) {
             let Some(before) = self.read_clock() else { break };
-            if before.unsettled {
+            if !before.unsettled {
+                self.now = Some(before.time);
+                let fresh: Vec<_> = (0..frames.len())
+                    .filter(|&i| out[i] == Err(Unknown::NotYet))
+                    .map(|i| (i, self.frame(&frames[i], sample)))
+                    .collect();
+                self.now = None;
+                let after = self.read_clock();
+                if after.and_then(|a| bracket(before, a)) == Some(before.time) {
+                    self.commit();
+                    for (i, f) in fresh {
+                        out[i] = f;
+                    }
+                    continue;
+                }
+                self.roll_back();
+                if after.is_none() {
+                    break;
+                }
+            }
+            if Instant::now() >= deadline {
                 for f in out.iter_mut().filter(|f| **f == Err(Unknown::NotYet)) {
                     *f = Err(Unknown::GcBusy);
                 }
-                break;
+                return out;
             }
-            self.now = Some(before.time);
-            let fresh: Vec<_> = (0..frames.len())
-                .filter(|&i| out[i] == Err(Unknown::NotYet))
-                .map(|i| (i, self.frame(&frames[i], sample)))
-                .collect();
-            self.now = None;
-            let after = self.read_clock();
-            if after.and_then(|a| bracket(before, a)) == Some(before.time) {
-                self.commit();
-                for (i, f) in fresh {
-                    out[i] = f;
-                }
-                break;
-            }
-            self.roll_back();
-            for (i, _) in fresh {
-                out[i] = Err(Unknown::GcBusy);
-            }
-            if after.is_none() {
-                break;
-            }
-            for f in out.iter_mut().filter(|f| **f == Err(Unknown::GcBusy)) {
-                *f = Err(Unknown::NotYet);
-            }
+            std::thread::sleep(Duration::from_micros(50));
         }
+        // The clock could not be read: the target is gone.
         for f in out.iter_mut().filter(|f| **f == Err(Unknown::NotYet)) {
             *f = Err(Unknown::Unreadable);
         }
@@ -196,11 +202,19 @@ impl Resolver {
         let mut out = self.stack(frames, sample);
         let before = GcTime(sample.0.saturating_sub(1));
         for (i, f) in frames.iter().enumerate() {
-            if f.iseq != 0 && matches!(out[i], Err(Unknown::Unreadable | Unknown::Collected)) {
+            if f.iseq == 0 {
+                continue;
+            }
+            // Only a reading whose code holds the pc proves the frame's iseq.
+            if matches!(&out[i], Ok(frame) if frame.line.is_none()) {
+                out[i] = Err(Unknown::Unreadable);
+            }
+            if matches!(out[i], Err(Unknown::Unreadable | Unknown::Collected)) {
                 self.now = None;
-                if let Ok(frame) = self.frame(f, before) {
-                    out[i] = Ok(frame);
-                }
+                out[i] = match self.frame(f, before) {
+                    Ok(frame) if frame.line.is_some() => Ok(frame),
+                    _ => Err(Unknown::Unreadable),
+                };
             }
         }
         out
@@ -251,18 +265,54 @@ impl Resolver {
     }
 
     fn ruby_frame(&mut self, addr: u64, pc: u64, cme: u64, sample: GcTime) -> Result<Frame, Unknown> {
-        let (iseq, serial, current) = self.iseq(addr, sample)?;
-        // The iseq at this address when the sample was taken ran this pc.
-        if !iseq.contains(pc) {
-            return Err(Unknown::Unreadable);
+        if pc == 0 {
+            return self.frame_without_pc(addr, cme, sample);
         }
-        let line = self.line(&iseq, serial, current, pc)?;
-        let owner = match self.method(cme, sample)?.0 {
-            Some(m) => m.owner,
-            None => None,
+        let (iseq, serial, current) = self.iseq(addr, sample)?;
+        // The interpreter keeps a frame's pc in its iseq's code, past the
+        // instruction running. YJIT writes it lazily, so a frame it runs may
+        // hold a pc left by an earlier frame in that slot, or the start of
+        // its code if it never wrote one: the frame is this iseq's (the GC
+        // time shows it), but its line is unknown.
+        let line = if iseq.contains(pc) && pc != iseq.encoded {
+            Some(self.line(&iseq, serial, current, pc)?)
+        } else {
+            None
         };
+        let owner = self.owner(cme, sample)?;
         let label = self.iseq_label(owner, addr, sample, 0)?;
-        Ok(Frame::code(label, iseq.path.clone(), line))
+        Ok(Frame {
+            line,
+            ..Frame::code(label, iseq.path.clone(), 0)
+        })
+    }
+
+    /// A frame with an iseq slot but no pc: a block written in C (an ifunc,
+    /// which Ruby's backtraces leave out, and so does rprof), or a method or
+    /// block YJIT entered without writing its pc (it does so lazily): named,
+    /// but with no line rather than a guessed one.
+    fn frame_without_pc(&mut self, addr: u64, cme: u64, sample: GcTime) -> Result<Frame, Unknown> {
+        let iseq = match self.iseq(addr, sample) {
+            Ok((iseq, _, _)) => iseq,
+            Err(Unknown::Unreadable) => return Err(Unknown::NotAFrame),
+            Err(e) => return Err(e),
+        };
+        let owner = self.owner(cme, sample)?;
+        let label = self.iseq_label(owner, addr, sample, 0)?;
+        Ok(Frame {
+            line: None,
+            ..Frame::code(label, iseq.path.clone(), 0)
+        })
+    }
+
+    /// The owner of the method entry at `cme`, if that is one (a frame
+    /// outside any method has a cref there); a method's label then needs it.
+    fn owner(&mut self, cme: u64, sample: GcTime) -> Result<Option<u64>, Unknown> {
+        match self.method(cme, sample) {
+            Ok((m, _, _)) => Ok(m.and_then(|m| m.owner)),
+            Err(Unknown::Unreadable) => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 
     fn line(&mut self, iseq: &Iseq, serial: u64, current: bool, pc: u64) -> Result<u32, Unknown> {
@@ -352,11 +402,18 @@ impl Resolver {
             Class::Named(Some((path, true))) => Some(path.clone()),
             _ => None,
         };
-        let class = self.class(owner, sample)?.0;
+        let class = match self.class(owner, sample) {
+            Ok((class, _, _)) => class,
+            Err(Unknown::Unreadable) => return Ok(name.to_string()),
+            Err(e) => return Err(e),
+        };
         Ok(match &*class {
-            Class::Singleton(Some(attached)) if attached & 7 == 0 => {
-                named(&self.class(*attached, sample)?.0).map(|p| format!("{p}.{name}"))
-            }
+            Class::Singleton(Some(attached)) => match self.class(*attached, sample) {
+                Ok((c, _, _)) => named(&c).map(|p| format!("{p}.{name}")),
+                // Not an object (what Ruby names with the bare name too).
+                Err(Unknown::Unreadable) => None,
+                Err(e) => return Err(e),
+            },
             c => named(c).map(|p| format!("{p}#{name}")),
         }
         .unwrap_or_else(|| name.to_string()))

@@ -271,11 +271,12 @@ impl Folded {
     }
 }
 
-/// A frame's label: "label (path:line)" -> "label" (labels may hold
-/// parentheses themselves: "block (2 levels) in x (a.rb:3)").
+/// A frame's label: "label (path:line)" or "label (path)" (no line known)
+/// -> "label" (labels may hold parentheses themselves: "block (2 levels) in
+/// x (a.rb:3)").
 pub fn label(frame: &str) -> &str {
     match frame.strip_suffix(')').and_then(|f| f.rsplit_once(" (")) {
-        Some((l, loc)) if loc.contains(':') => l,
+        Some((l, loc)) if loc.contains(':') || loc.contains('/') || loc.ends_with(".rb") => l,
         _ => frame,
     }
 }
