@@ -39,6 +39,7 @@ lint:
 bench: build
 	bench/overhead
 	bench/syscall-storm
+	bench/sample-cost
 
 clean-cache:
 	rm -rf /var/cache/rprof
