@@ -445,6 +445,10 @@ static __always_inline int read_gc_time(struct rprof_proc *p, struct scratch *s,
 	}
 	marking = (flags & RPROF_GC_MODE_MASK) == RPROF_GC_MODE_MARKING;
 	*time = count * 2 + (marking ? 0 : 1);
+	/* Inside a GC but in no phase, the count does not tell which side of its
+	 * marking this is: at its start (counted, not yet marking) or its end. */
+	if ((flags & RPROF_GC_DURING_GC) && (flags & RPROF_GC_MODE_MASK) == RPROF_GC_MODE_NONE)
+		*sample_flags |= RPROF_SAMPLE_GC_EDGE;
 	/* Compaction moves objects past marking without a new count. */
 	if ((flags & RPROF_GC_DURING_COMPACTING) && !marking)
 		*sample_flags |= RPROF_SAMPLE_GC_MOVING;

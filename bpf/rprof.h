@@ -99,12 +99,18 @@ enum rprof_sample_flags {
 	/* taken while a compacting GC may be moving objects: the frames' addresses
 	 * may be old or new homes of their objects, so they are not named */
 	RPROF_SAMPLE_GC_MOVING = 32,
+	/* taken at a GC's edge, inside the GC but in no phase: it has counted
+	 * itself and not started marking, or finished and not yet left; the
+	 * sample is at gc_time or the time before, and must hold at both */
+	RPROF_SAMPLE_GC_EDGE = 64,
 };
 
-/* objspace->flags (Ruby 2.7 to 3.4): mode (enum gc_mode) in bits 0-1, and
- * during_compacting, set for the whole of a compacting GC. */
+/* objspace->flags (Ruby 2.7 to 3.4): mode (enum gc_mode) in bits 0-1,
+ * during_gc, and during_compacting, set for the whole of a compacting GC. */
 #define RPROF_GC_MODE_MASK	   3
+#define RPROF_GC_MODE_NONE	   0
 #define RPROF_GC_MODE_MARKING	   1
+#define RPROF_GC_DURING_GC	   (1 << 5)
 #define RPROF_GC_DURING_COMPACTING (1 << 6)
 
 /* Header of a ring buffer record; `nframes` struct rprof_frame follow, leaf first. */

@@ -26,6 +26,17 @@
 //!   sample is the earlier one, when fewer than three GCs separate them (an
 //!   object allocated after the sample cannot be old three GCs later).
 //!
+//! * A GC's edges have no phase of their own: inside a GC (`during_gc`) with
+//!   no mode, it has either counted itself and not begun marking (time
+//!   `2 * count`, objects as before it) or finished (`2 * count + 1`), or not
+//!   yet counted itself (`2 * count + 1` of the GC before). BPF flags a sample
+//!   taken then (`RPROF_SAMPLE_GC_EDGE`, a `SampleTime` with two candidate
+//!   times) and names its frames only with facts true at both; a reading of
+//!   the clock then is `unsettled`.
+//! * The major count tells minor GCs from major ones. A GC counts itself,
+//!   starts marking, then bumps it; `Reading` says which GCs a reading's
+//!   major counts certainly include and exclude, from the order of its reads.
+//!
 //! The one exception is compaction, which moves objects after marking without
 //! a new count: BPF flags a sample taken while a compacting GC is past its
 //! marking (`RPROF_SAMPLE_GC_MOVING`) and its Ruby frames are not named, and a
@@ -65,6 +76,39 @@ impl fmt::Display for GcTime {
     }
 }
 
+/// When a sample was taken: at `latest`, or, if BPF caught the GC at an edge
+/// (`RPROF_SAMPLE_GC_EDGE`), at `earliest` or at `latest`, which it cannot
+/// tell apart. What names the sample's frames must hold at both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SampleTime {
+    pub earliest: GcTime,
+    pub latest: GcTime,
+}
+
+impl SampleTime {
+    pub fn at(t: GcTime) -> Self {
+        Self {
+            earliest: t,
+            latest: t,
+        }
+    }
+
+    /// A sample BPF read at `t` (after GC `t.count()`'s marking, as far as
+    /// the flags said) while that GC was at an edge: it may also be a sample
+    /// of the GC's marking time, when the GC has counted itself but not begun.
+    pub fn at_edge(t: GcTime) -> Self {
+        Self {
+            earliest: GcTime::new(t.count(), true),
+            latest: t,
+        }
+    }
+
+    /// Whether `holds_at` is true at every time the sample may have been taken.
+    pub fn holds(self, holds_at: impl Fn(GcTime) -> bool) -> bool {
+        holds_at(self.earliest) && holds_at(self.latest)
+    }
+}
+
 /// `objspace->flags.mode` values (`enum gc_mode`), the same in Ruby 2.7 to 3.4.
 const MODE_MASK: u32 = 3;
 const MODE_NONE: u32 = 0;
@@ -87,13 +131,25 @@ pub struct GcClock {
     pub major_count: u64,
 }
 
-/// One reading of the GC clock.
+/// One reading of the GC clock. Its three words are read in this order:
+/// `major_count`, `count`, `flags`, `major_count` again (one system call
+/// copies them in that order), which is what makes each field below true.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Reading {
+    /// `count` and the phase of the GC the flags show (read after `count`:
+    /// if a GC started in between, the time is earlier than the truth, and a
+    /// bracket around reads, which needs two equal times, rejects it).
     pub time: GcTime,
-    /// Read after `count`, so it includes every major GC before the one
-    /// `count` numbers (which bumps it only once it starts marking).
-    pub major_count: u64,
+    /// Majors counted before `count` was read: no GC numbered above
+    /// `time.count()` is among them.
+    pub majors_before: u64,
+    /// Majors counted after the flags were read: every major GC numbered up
+    /// to `majors_through` is among them.
+    pub majors_after: u64,
+    /// A GC counts itself, then starts marking, then bumps the major count:
+    /// GC `count` is included only once its marking is known to have begun
+    /// and the bump to be done (the flags show it past marking).
+    pub majors_through: u64,
     /// The time does not say what memory holds: a compacting GC is past its
     /// marking (objects may be moving), or a GC has counted itself but not yet
     /// started marking.
@@ -103,24 +159,35 @@ pub struct Reading {
 impl GcClock {
     /// Reads the clock (one system call).
     pub fn read(&self, process: &Process) -> Option<Reading> {
-        let mut flags = [0u8; 4];
+        let mut major_a = [0u8; 8];
         let mut count = [0u8; 8];
-        let mut major = [0u8; 8];
+        let mut flags = [0u8; 4];
+        let mut major_b = [0u8; 8];
         process
             .read_many(&mut [
-                (self.flags, &mut flags[..]),
+                (self.major_count, &mut major_a[..]),
                 (self.count, &mut count[..]),
-                (self.major_count, &mut major[..]),
+                (self.flags, &mut flags[..]),
+                (self.major_count, &mut major_b[..]),
             ])
             .ok()?;
         let flags = u32::from_le_bytes(flags);
+        let count = u64::from_le_bytes(count);
         let mode = flags & MODE_MASK;
+        let at_edge = flags & DURING_GC != 0 && mode == MODE_NONE;
+        let past_marking = mode != MODE_MARKING && !at_edge;
         Some(Reading {
-            time: GcTime::new(u64::from_le_bytes(count), mode == MODE_MARKING),
-            major_count: u64::from_le_bytes(major),
+            time: GcTime::new(count, mode == MODE_MARKING),
+            majors_before: u64::from_le_bytes(major_a),
+            majors_after: u64::from_le_bytes(major_b),
+            majors_through: if past_marking {
+                count
+            } else {
+                count.saturating_sub(1)
+            },
             unsettled: mode == MODE_COMPACTING
                 || (flags & DURING_COMPACTING != 0 && mode != MODE_MARKING)
-                || (flags & DURING_GC != 0 && mode == MODE_NONE),
+                || at_edge,
         })
     }
 }
@@ -131,29 +198,23 @@ pub fn bracket(before: Reading, after: Reading) -> Option<GcTime> {
     (before.time == after.time && !before.unsettled && !after.unsettled).then_some(before.time)
 }
 
-/// What rprof has seen of the GC's major collections: readings of
-/// (count, major_count), oldest first, to tell whether a major GC happened
-/// between two times.
+/// What rprof has seen of the GC's major collections: its readings of the
+/// clock, oldest first, to tell whether a major GC happened between two times.
 #[derive(Debug, Default)]
 pub struct MajorLog {
-    readings: VecDeque<(u64, u64)>,
+    /// (count, majors_before, majors_through, majors_after) of each reading.
+    readings: VecDeque<(u64, u64, u64, u64)>,
 }
 
 /// Readings kept; older facts about old objects are simply read again.
 const MAJOR_LOG_LEN: usize = 4096;
 
 impl MajorLog {
+    /// Notes a reading; readings are made one at a time, so they arrive in
+    /// the order they were made.
     pub fn note(&mut self, r: &Reading) {
-        let entry = (r.time.count(), r.major_count);
+        let entry = (r.time.count(), r.majors_before, r.majors_through, r.majors_after);
         if self.readings.back() == Some(&entry) {
-            return;
-        }
-        // Readings arrive in time order; a stale one (a slow bracket) is dropped.
-        if self
-            .readings
-            .back()
-            .is_some_and(|&(c, m)| c > entry.0 || m > entry.1)
-        {
             return;
         }
         if self.readings.len() == MAJOR_LOG_LEN {
@@ -163,16 +224,16 @@ impl MajorLog {
     }
 
     /// Whether every GC numbered `first..=last` is known to have been minor:
-    /// the major count read before GC `first` started equals the one read
-    /// once GC `last + 1` had started (by then GC `last` has bumped it if it
-    /// was major).
+    /// a major count read before GC `first` counted itself equals one read
+    /// after GC `last` bumped it if it was major. Counts only grow, so the
+    /// first of those two reads was made before the second.
     fn all_minor(&self, first: u64, last: u64) -> bool {
         if first > last {
             return true;
         }
-        let before = self.readings.iter().rev().find(|(c, _)| *c < first);
-        let after = self.readings.iter().find(|(c, _)| *c > last);
-        matches!((before, after), (Some((_, a)), Some((_, b))) if a == b)
+        let before = self.readings.iter().rev().find(|r| r.0 < first).map(|r| r.1);
+        let after = self.readings.iter().find(|r| r.2 >= last).map(|r| r.3);
+        matches!((before, after), (Some(a), Some(b)) if a == b)
     }
 
     /// Whether a fact read at `read` describes a sample taken at `sample`, for
@@ -203,11 +264,23 @@ mod tests {
         GcTime::new(count, marking)
     }
 
+    /// A settled reading after GC `count`'s marking, `major` majors so far.
     fn reading(count: u64, major: u64) -> Reading {
         Reading {
             time: t(count, false),
-            major_count: major,
+            majors_before: major,
+            majors_after: major,
+            majors_through: count,
             unsettled: false,
+        }
+    }
+
+    /// A reading while GC `count` marks, its major bump perhaps still to come.
+    fn marking(count: u64, major: u64) -> Reading {
+        Reading {
+            time: t(count, true),
+            majors_through: count - 1,
+            ..reading(count, major)
         }
     }
 
@@ -242,24 +315,41 @@ mod tests {
     #[test]
     fn old_objects_across_minor_gcs_only() {
         let mut log = MajorLog::default();
-        // GCs 11 and 12 minor, 13 or 14 major (seen once 15 had started), 16 minor.
-        for (c, m) in [(10, 2), (13, 2), (15, 3), (17, 3)] {
-            log.note(&reading(c, m));
+        // GCs 11 to 13 minor, 14 or 15 major, 16 and 17 minor.
+        for r in [reading(10, 2), reading(13, 2), reading(15, 3), reading(17, 3)] {
+            log.note(&r);
         }
         assert!(log.describes(t(10, false), t(12, false), true));
         assert!(log.describes(t(12, false), t(10, false), true));
-        // GC 13 may have been major: its marking ended between these two.
-        assert!(!log.describes(t(13, true), t(13, false), true));
-        assert!(!log.describes(t(12, false), t(14, false), true));
-        // Within GC 13's marking nothing moves, major or not.
-        assert!(log.describes(t(13, true), t(13, true), true));
-        // GC 16 was minor.
-        assert!(log.describes(t(15, false), t(16, false), true));
-        // A reading at count 13 does not vouch for GC 13 itself: it may have
-        // counted itself and not yet bumped the major count.
-        assert!(!log.describes(t(12, false), t(13, false), true));
+        assert!(log.describes(t(12, false), t(13, false), true));
+        // GC 14 may have been major: its marking ended between these two.
+        assert!(!log.describes(t(14, true), t(14, false), true));
+        assert!(!log.describes(t(13, false), t(15, false), true));
+        // Within GC 14's marking nothing moves, major or not.
+        assert!(log.describes(t(14, true), t(14, true), true));
+        assert!(log.describes(t(15, false), t(17, false), true));
         // Nothing known before the first reading.
         assert!(!log.describes(t(5, false), t(10, false), true));
+    }
+
+    #[test]
+    fn a_reading_while_marking_does_not_vouch_for_that_gc() {
+        let mut log = MajorLog::default();
+        log.note(&reading(10, 2));
+        // GC 11 has started marking but may not have bumped the count yet.
+        log.note(&marking(11, 2));
+        assert!(!log.describes(t(10, false), t(11, false), true));
+        log.note(&reading(11, 2));
+        assert!(log.describes(t(10, false), t(11, false), true));
+        // A major count read after `count` may include the next GC: only
+        // the one read before it says what came before.
+        let mut log = MajorLog::default();
+        log.note(&Reading {
+            majors_after: 3,
+            ..reading(10, 2)
+        });
+        log.note(&reading(11, 3));
+        assert!(!log.describes(t(10, false), t(11, false), true));
     }
 
     #[test]

@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 use crate::bpf::{types, Probe, Sample, Stats};
 use crate::cli::Format;
 use crate::error::UserError;
-use crate::gc_time::GcTime;
+use crate::gc_time::{GcTime, SampleTime};
 use crate::resolve::{Resolver, Unknown};
 use crate::system;
 use crate::target::RubyTarget;
@@ -91,21 +91,23 @@ pub fn record(cfg: RecordConfig) -> Result<()> {
         }
     };
     let pid = target.process.pid;
+    let event_names: Vec<String> = match &cfg.event {
+        EventSpec::Cpu { .. } => vec!["cpu".to_string()],
+        EventSpec::Syscalls(names) => names.clone(),
+    };
+    // Created before sampling starts: its first reading of the GC clock lets
+    // it prove that no GC came between the first samples and their naming.
+    let mut collector = Collector::new(&target, event_names.clone());
     probe.set_threads(pid, &target.ruby_threads()?)?;
     probe.add_process(pid, &target.recipe())?;
-
-    let event_names: Vec<String> = match &cfg.event {
-        EventSpec::Cpu { frequency } => {
-            probe.attach_cpu_clock(*frequency)?;
-            vec!["cpu".to_string()]
-        }
+    match &cfg.event {
+        EventSpec::Cpu { frequency } => probe.attach_cpu_clock(*frequency)?,
         EventSpec::Syscalls(names) => {
             for (i, name) in names.iter().enumerate() {
                 probe.attach_tracepoint("syscalls", name, i as u32 + 1)?;
             }
-            names.clone()
         }
-    };
+    }
 
     let stop = Arc::new(AtomicBool::new(false));
     {
@@ -127,7 +129,6 @@ pub fn record(cfg: RecordConfig) -> Result<()> {
         }
     );
 
-    let mut collector = Collector::new(&target, event_names.clone());
     let started = Instant::now();
     let mut epoch_started = Instant::now();
     // An error while recording still writes what was collected before it.
@@ -332,7 +333,11 @@ impl Collector {
         }
         let mut unknown = Vec::new();
         {
-            let time = GcTime(h.gc_time);
+            let time = if s.has(types::rprof_sample_flags::RPROF_SAMPLE_GC_EDGE) {
+                SampleTime::at_edge(GcTime(h.gc_time))
+            } else {
+                SampleTime::at(GcTime(h.gc_time))
+            };
             let frames = if s.has(types::rprof_sample_flags::RPROF_SAMPLE_GC_MOVING) {
                 self.resolver.moving_stack(&s.frames, time)
             } else {

@@ -11,7 +11,7 @@
 
 use std::collections::HashMap;
 
-use crate::gc_time::{GcTime, MajorLog};
+use crate::gc_time::{GcTime, MajorLog, SampleTime};
 
 /// When a fact was read, and over which GC times it is known to hold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,9 +56,13 @@ struct Entry<T> {
 }
 
 /// Facts of one kind, by address; a committed table and the pending readings.
+/// An address keeps every reading that a sample still in flight may need, so
+/// a sample taken before the GC replaced an object and named after a newer
+/// reading of its address still finds the reading that describes it.
 #[derive(Debug)]
 pub struct Facts<T> {
-    committed: HashMap<u64, Entry<T>>,
+    /// Readings of each address, oldest first.
+    committed: HashMap<u64, Vec<Entry<T>>>,
     pending: HashMap<u64, Entry<T>>,
 }
 
@@ -85,14 +89,16 @@ impl<T> Facts<T> {
     pub fn get(
         &self,
         addr: u64,
-        sample: GcTime,
+        sample: SampleTime,
         now: Option<GcTime>,
         log: &MajorLog,
     ) -> Option<Found<'_, T>> {
-        [&self.pending, &self.committed]
+        let committed = self.committed.get(&addr).into_iter().flatten().rev();
+        self.pending
+            .get(&addr)
             .into_iter()
-            .filter_map(|m| m.get(&addr))
-            .find(|e| e.stamp.describes(log, sample))
+            .chain(committed)
+            .find(|e| sample.holds(|t| e.stamp.describes(log, t)))
             .map(|e| Found {
                 value: &e.value,
                 serial: e.serial,
@@ -107,7 +113,9 @@ impl<T> Facts<T> {
 
     /// The reads since the last commit happened while the GC stood still.
     pub fn commit(&mut self) {
-        self.committed.extend(self.pending.drain());
+        for (addr, e) in self.pending.drain() {
+            self.committed.entry(addr).or_default().push(e);
+        }
     }
 
     /// The reads since the last commit may have seen the GC at work.
@@ -119,23 +127,26 @@ impl<T> Facts<T> {
     /// forgets those no sample still in flight can use (read or last known
     /// true more than two GCs ago).
     pub fn tick(&mut self, now: GcTime, log: &MajorLog) {
-        self.committed.retain(|_, e| {
-            if e.stamp.describes(log, now) {
-                e.stamp.last = e.stamp.last.max(now);
-                true
-            } else {
-                e.stamp.last.count() + 2 >= now.count()
-            }
+        self.committed.retain(|_, readings| {
+            readings.retain_mut(|e| {
+                if e.stamp.describes(log, now) {
+                    e.stamp.last = e.stamp.last.max(now);
+                    true
+                } else {
+                    e.stamp.last.count() + 2 >= now.count()
+                }
+            });
+            !readings.is_empty()
         });
     }
 
     pub fn serials(&self) -> impl Iterator<Item = u64> + '_ {
-        self.committed.values().map(|e| e.serial)
+        self.committed.values().flatten().map(|e| e.serial)
     }
 
     #[cfg(test)]
     pub fn len(&self) -> usize {
-        self.committed.len()
+        self.committed.values().map(Vec::len).sum()
     }
 }
 
@@ -148,21 +159,44 @@ mod tests {
         GcTime::new(count, false)
     }
 
+    /// What rprof knows after reading the clock past the marking of each
+    /// GC `count`, with `major` majors so far.
+    fn log_of(readings: &[(u64, u64)]) -> MajorLog {
+        let mut log = MajorLog::default();
+        for &(count, major) in readings {
+            log.note(&Reading {
+                time: after_marking(count),
+                majors_before: major,
+                majors_after: major,
+                majors_through: count,
+                unsettled: false,
+            });
+        }
+        log
+    }
+
     #[test]
     fn a_young_fact_answers_only_for_its_own_gc_time() {
         let log = MajorLog::default();
         let mut f = Facts::default();
         let stamp = Stamp::read_at(after_marking(4), false);
         f.read(0x1000, "churn_1", stamp, 1);
-        assert!(f.get(0x1000, after_marking(4), None, &log).is_some());
+        assert!(f
+            .get(0x1000, SampleTime::at(after_marking(4)), None, &log)
+            .is_some());
         f.commit();
         assert_eq!(
-            f.get(0x1000, after_marking(4), None, &log).map(|x| *x.value),
+            f.get(0x1000, SampleTime::at(after_marking(4)), None, &log)
+                .map(|x| *x.value),
             Some("churn_1")
         );
         // After GC 5 marked, the slot may hold another object.
-        assert!(f.get(0x1000, after_marking(5), None, &log).is_none());
-        assert!(f.get(0x2000, after_marking(4), None, &log).is_none());
+        assert!(f
+            .get(0x1000, SampleTime::at(after_marking(5)), None, &log)
+            .is_none());
+        assert!(f
+            .get(0x2000, SampleTime::at(after_marking(4)), None, &log)
+            .is_none());
     }
 
     #[test]
@@ -173,25 +207,25 @@ mod tests {
         f.read(0x1000, 1, stamp, 1);
         f.roll_back();
         f.commit();
-        assert!(f.get(0x1000, after_marking(4), None, &log).is_none());
+        assert!(f
+            .get(0x1000, SampleTime::at(after_marking(4)), None, &log)
+            .is_none());
     }
 
     #[test]
     fn old_facts_survive_minor_gcs_and_eviction() {
-        let mut log = MajorLog::default();
-        for (count, major) in [(3, 1), (9, 1)] {
-            log.note(&Reading {
-                time: after_marking(count),
-                major_count: major,
-                unsettled: false,
-            });
-        }
+        let log = log_of(&[(3, 1), (9, 1)]);
         let mut f = Facts::default();
         f.read(0x1000, "Object#main", Stamp::read_at(after_marking(4), true), 7);
         f.read(0x2000, "young", Stamp::read_at(after_marking(4), false), 8);
         f.commit();
         let found = f
-            .get(0x1000, after_marking(8), Some(after_marking(8)), &log)
+            .get(
+                0x1000,
+                SampleTime::at(after_marking(8)),
+                Some(after_marking(8)),
+                &log,
+            )
             .unwrap();
         assert_eq!((found.serial, found.current), (7, true));
         f.tick(after_marking(8), &log);
@@ -206,10 +240,56 @@ mod tests {
         f.commit();
         // GC 5 is marking: nothing has moved yet.
         f.tick(GcTime::new(5, true), &log);
-        assert!(f.get(0x1000, GcTime::new(5, true), None, &log).is_some());
+        assert!(f
+            .get(0x1000, SampleTime::at(GcTime::new(5, true)), None, &log)
+            .is_some());
         // Once it has marked, the slot may hold another object.
         f.tick(after_marking(5), &log);
-        assert!(f.get(0x1000, after_marking(5), None, &log).is_none());
-        assert!(f.get(0x1000, GcTime::new(5, true), None, &log).is_some());
+        assert!(f
+            .get(0x1000, SampleTime::at(after_marking(5)), None, &log)
+            .is_none());
+        assert!(f
+            .get(0x1000, SampleTime::at(GcTime::new(5, true)), None, &log)
+            .is_some());
+    }
+
+    #[test]
+    fn a_late_sample_finds_the_reading_of_its_own_time() {
+        let log = log_of(&[(3, 1), (4, 1), (5, 2)]);
+        let mut f = Facts::default();
+        f.read(0x1000, "churn_1", Stamp::read_at(after_marking(4), true), 1);
+        f.commit();
+        // GC 5 was major: the address is read again for a sample after it...
+        f.tick(after_marking(5), &log);
+        f.read(0x1000, "churn_2", Stamp::read_at(after_marking(5), true), 2);
+        f.commit();
+        let at = |t| f.get(0x1000, SampleTime::at(t), None, &log).map(|x| *x.value);
+        assert_eq!(at(after_marking(5)), Some("churn_2"));
+        // ... and a sample taken before it, named late, still gets its own.
+        assert_eq!(at(after_marking(4)), Some("churn_1"));
+        assert_eq!(at(GcTime::new(5, true)), Some("churn_1"));
+    }
+
+    #[test]
+    fn a_sample_at_a_gc_edge_needs_a_fact_true_on_both_sides() {
+        let log = MajorLog::default();
+        let edge = SampleTime::at_edge(after_marking(5));
+        let mut f = Facts::default();
+        // Young: read after GC 5 marked, or while it marked, it may be
+        // either side's object.
+        f.read(0x1000, "after", Stamp::read_at(after_marking(5), false), 1);
+        f.read(0x2000, "during", Stamp::read_at(GcTime::new(5, true), false), 2);
+        f.commit();
+        assert!(f.get(0x1000, edge, None, &log).is_none());
+        assert!(f.get(0x2000, edge, None, &log).is_none());
+        assert!(f
+            .get(0x2000, SampleTime::at(GcTime::new(5, true)), None, &log)
+            .is_some());
+        // Old, and GC 5 known to be minor: the same object on both sides.
+        f.read(0x3000, "old", Stamp::read_at(after_marking(5), true), 3);
+        f.commit();
+        assert!(f.get(0x3000, edge, None, &log).is_none());
+        let log = log_of(&[(4, 1), (5, 1)]);
+        assert!(f.get(0x3000, edge, None, &log).is_some());
     }
 }

@@ -22,7 +22,7 @@ use flamegraphs::Frame;
 use ruby_structs::Layout;
 
 use crate::bpf::types;
-use crate::gc_time::{bracket, GcClock, GcTime, MajorLog, Reading};
+use crate::gc_time::{bracket, GcClock, GcTime, MajorLog, Reading, SampleTime};
 use crate::process::Process;
 use crate::target::RubyTarget;
 use facts::{Facts, Stamp};
@@ -100,7 +100,7 @@ impl Resolver {
         global_symbols: Option<u64>,
         clock: Option<GcClock>,
     ) -> Self {
-        Self {
+        let mut resolver = Self {
             memory: Memory::new(process, layout, global_symbols),
             clock,
             process,
@@ -115,7 +115,10 @@ impl Resolver {
             serial: 0,
             now: None,
             ticked_at: GcTime(0),
-        }
+        };
+        // A first reading of the GC's clock, before any sample.
+        resolver.tick();
+        resolver
     }
 
     fn read_clock(&mut self) -> Option<Reading> {
@@ -142,7 +145,11 @@ impl Resolver {
     /// Names the frames of one sample taken at GC time `sample`: first from
     /// what is known, then by reading the target's memory while the GC stands
     /// still.
-    pub fn stack(&mut self, frames: &[types::rprof_frame], sample: GcTime) -> Vec<Result<Frame, Unknown>> {
+    pub fn stack(
+        &mut self,
+        frames: &[types::rprof_frame],
+        sample: SampleTime,
+    ) -> Vec<Result<Frame, Unknown>> {
         self.now = None;
         let mut out: Vec<_> = frames.iter().map(|f| self.frame(f, sample)).collect();
         // A GC's unsettled moments (between counting itself and marking, at
@@ -197,10 +204,10 @@ impl Resolver {
     pub fn moving_stack(
         &mut self,
         frames: &[types::rprof_frame],
-        sample: GcTime,
+        sample: SampleTime,
     ) -> Vec<Result<Frame, Unknown>> {
         let mut out = self.stack(frames, sample);
-        let before = GcTime(sample.0.saturating_sub(1));
+        let before = SampleTime::at(GcTime(sample.latest.0.saturating_sub(1)));
         for (i, f) in frames.iter().enumerate() {
             if f.iseq == 0 {
                 continue;
@@ -256,7 +263,7 @@ impl Resolver {
         self.pending_names.clear();
     }
 
-    fn frame(&mut self, f: &types::rprof_frame, sample: GcTime) -> Result<Frame, Unknown> {
+    fn frame(&mut self, f: &types::rprof_frame, sample: SampleTime) -> Result<Frame, Unknown> {
         if f.iseq != 0 {
             self.ruby_frame(f.iseq, f.pc, f.cme, sample)
         } else {
@@ -264,7 +271,7 @@ impl Resolver {
         }
     }
 
-    fn ruby_frame(&mut self, addr: u64, pc: u64, cme: u64, sample: GcTime) -> Result<Frame, Unknown> {
+    fn ruby_frame(&mut self, addr: u64, pc: u64, cme: u64, sample: SampleTime) -> Result<Frame, Unknown> {
         if pc == 0 {
             return self.frame_without_pc(addr, cme, sample);
         }
@@ -291,7 +298,7 @@ impl Resolver {
     /// which Ruby's backtraces leave out, and so does rprof), or a method or
     /// block YJIT entered without writing its pc (it does so lazily): named,
     /// but with no line rather than a guessed one.
-    fn frame_without_pc(&mut self, addr: u64, cme: u64, sample: GcTime) -> Result<Frame, Unknown> {
+    fn frame_without_pc(&mut self, addr: u64, cme: u64, sample: SampleTime) -> Result<Frame, Unknown> {
         let iseq = match self.iseq(addr, sample) {
             Ok((iseq, _, _)) => iseq,
             Err(Unknown::Unreadable) => return Err(Unknown::NotAFrame),
@@ -307,7 +314,7 @@ impl Resolver {
 
     /// The owner of the method entry at `cme`, if that is one (a frame
     /// outside any method has a cref there); a method's label then needs it.
-    fn owner(&mut self, cme: u64, sample: GcTime) -> Result<Option<u64>, Unknown> {
+    fn owner(&mut self, cme: u64, sample: SampleTime) -> Result<Option<u64>, Unknown> {
         match self.method(cme, sample) {
             Ok((m, _, _)) => Ok(m.and_then(|m| m.owner)),
             Err(Unknown::Unreadable) => Ok(None),
@@ -336,7 +343,7 @@ impl Resolver {
     }
 
     /// The label Ruby 3.4 prints for a C method: `Integer#times`, `File.exist?`.
-    fn cfunc_label(&mut self, cme: u64, sample: GcTime) -> Result<String, Unknown> {
+    fn cfunc_label(&mut self, cme: u64, sample: SampleTime) -> Result<String, Unknown> {
         let m = self.method(cme, sample)?.0.ok_or(Unknown::Unreadable)?;
         let name = self.id_name(m.original_id.ok_or(Unknown::Unreadable)?)?;
         self.method_name(m.owner, &name, sample)
@@ -348,7 +355,7 @@ impl Resolver {
         &mut self,
         owner: Option<u64>,
         addr: u64,
-        sample: GcTime,
+        sample: SampleTime,
         depth: u32,
     ) -> Result<String, Unknown> {
         let info = self.iseq(addr, sample)?.0;
@@ -394,7 +401,7 @@ impl Resolver {
 
     /// rb_gen_method_name: `Owner#name`, `Owner.name` for singleton methods,
     /// the bare name when the owner has no permanent name.
-    fn method_name(&mut self, owner: Option<u64>, name: &str, sample: GcTime) -> Result<String, Unknown> {
+    fn method_name(&mut self, owner: Option<u64>, name: &str, sample: SampleTime) -> Result<String, Unknown> {
         let Some(owner) = owner else {
             return Ok(name.to_string());
         };
@@ -434,7 +441,7 @@ impl Resolver {
         Ok(name)
     }
 
-    fn iseq(&mut self, addr: u64, sample: GcTime) -> Lookup<Rc<Iseq>> {
+    fn iseq(&mut self, addr: u64, sample: SampleTime) -> Lookup<Rc<Iseq>> {
         lookup(
             &mut self.iseqs,
             &self.log,
@@ -447,7 +454,7 @@ impl Resolver {
         )
     }
 
-    fn method(&mut self, addr: u64, sample: GcTime) -> Lookup<Option<MethodEntry>> {
+    fn method(&mut self, addr: u64, sample: SampleTime) -> Lookup<Option<MethodEntry>> {
         lookup(
             &mut self.methods,
             &self.log,
@@ -460,7 +467,7 @@ impl Resolver {
         )
     }
 
-    fn class(&mut self, addr: u64, sample: GcTime) -> Lookup<Rc<Class>> {
+    fn class(&mut self, addr: u64, sample: SampleTime) -> Lookup<Rc<Class>> {
         lookup(
             &mut self.classes,
             &self.log,
@@ -486,7 +493,7 @@ fn lookup<T: Clone>(
     serial: &mut u64,
     now: Option<GcTime>,
     addr: u64,
-    sample: GcTime,
+    sample: SampleTime,
     read: impl FnOnce(&Memory, Header) -> Option<T>,
 ) -> Lookup<T> {
     if let Some(found) = facts.get(addr, sample, now, log) {
@@ -498,7 +505,7 @@ fn lookup<T: Clone>(
     let header = memory.header(addr).ok_or(Unknown::Unreadable)?;
     let stamp = Stamp::read_at(now, header.old);
     // Whatever is at the address now may not be what the sample saw.
-    if !stamp.describes(log, sample) {
+    if !sample.holds(|t| stamp.describes(log, t)) {
         return Err(Unknown::Collected);
     }
     let value = read(memory, header).ok_or(Unknown::Unreadable)?;

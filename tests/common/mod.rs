@@ -323,6 +323,46 @@ pub fn record(pid: u32, args: &[&str]) -> Run {
 
 /// `record`, with extra environment variables for rprof.
 pub fn record_with_env(pid: u32, args: &[&str], env: &[(&str, &str)]) -> Run {
+    record_via(&[], pid, args, env)
+}
+
+/// Processes burning every CPU, as on a saturated production box, until dropped.
+pub struct Busy(Vec<Child>);
+
+impl Busy {
+    pub fn start() -> Self {
+        let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
+        Busy(
+            (0..cpus)
+                .map(|_| {
+                    Command::new("sh")
+                        .args(["-c", "while :; do :; done"])
+                        .spawn()
+                        .expect("start a CPU burner")
+                })
+                .collect(),
+        )
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        for c in &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// `record` on a saturated machine with rprof at the lowest CPU priority, so
+/// that it reads the target's memory late, often GCs after the samples.
+pub fn record_starved(pid: u32, args: &[&str]) -> Run {
+    let _busy = Busy::start();
+    record_via(&["nice", "-n", "19"], pid, args, &[])
+}
+
+/// `record` run through `wrapper` (a command that runs its arguments).
+fn record_via(wrapper: &[&str], pid: u32, args: &[&str], env: &[(&str, &str)]) -> Run {
     let dir = tempfile::tempdir().expect("tempdir");
     let out = dir.path().join("out.folded");
     let pid_s = pid.to_string();
@@ -336,7 +376,15 @@ pub fn record_with_env(pid: u32, args: &[&str], env: &[(&str, &str)]) -> Run {
         out.to_str().expect("utf8"),
     ];
     all.extend_from_slice(args);
-    let output = Command::new(RPROF)
+    let mut cmd = match wrapper.split_first() {
+        Some((prog, wrapper_args)) => {
+            let mut c = Command::new(prog);
+            c.args(wrapper_args).arg(RPROF);
+            c
+        }
+        None => Command::new(RPROF),
+    };
+    let output = cmd
         .args(&all)
         .envs(env.iter().copied())
         .output()
