@@ -22,7 +22,7 @@ pub enum Command {
         rprof record -p 1234                         CPU profile until Ctrl-C, icicle SVG\n  \
         rprof record -p 1234 -d 10 --format folded   10 seconds, folded stacks\n  \
         rprof record -p 1234 syscall enter_getpid    which Ruby code calls getpid\n  \
-        rprof record -- ruby app.rb                  start app.rb and profile it")]
+        rprof record -- ruby app.rb                  start app.rb and profile it; exit with its status")]
     Record(RecordArgs),
     /// Render a recording (.rprof) again, in another format.
     Report(ReportArgs),
@@ -53,6 +53,11 @@ pub struct RecordArgs {
     /// Use the struct layout of this Ruby version for a version rprof does not know.
     #[arg(long, global = true, value_name = "VERSION")]
     pub force_version: Option<String>,
+
+    /// Run the command as root even when rprof runs through sudo (by default
+    /// it runs as the user who ran sudo).
+    #[arg(long, global = true)]
+    pub root: bool,
 
     /// What to record (default: cpu).
     #[command(subcommand)]

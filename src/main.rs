@@ -6,6 +6,7 @@ mod disasm;
 mod elf;
 mod error;
 mod gc_time;
+mod launch;
 mod process;
 mod record;
 mod resolve;
@@ -24,7 +25,7 @@ use record::{EventSpec, RecordConfig, Target};
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match run(cli) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(err) => {
             // A problem the user can fix is one line; anything else gets its whole cause chain.
             match err.chain().find_map(|e| e.downcast_ref::<error::UserError>()) {
@@ -36,7 +37,8 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(cli: Cli) -> Result<()> {
+/// Runs the command; a launched command's exit status becomes rprof's.
+fn run(cli: Cli) -> Result<ExitCode> {
     match cli.command {
         Command::Record(args) => {
             let (event, extra_command) = match args.event {
@@ -58,7 +60,7 @@ fn run(cli: Cli) -> Result<()> {
                         for name in known {
                             println!("{name}");
                         }
-                        return Ok(());
+                        return Ok(ExitCode::SUCCESS);
                     }
                     let tracepoints = names
                         .iter()
@@ -84,14 +86,16 @@ fn run(cli: Cli) -> Result<()> {
                 Some(d) => Some(Duration::from_secs_f64(d)),
                 None => None,
             };
-            record::record(RecordConfig {
+            let status = record::record(RecordConfig {
                 target,
                 duration,
                 event,
                 output: args.output,
                 format: args.format,
                 force_version: args.force_version,
-            })
+                as_root: args.root,
+            })?;
+            Ok(status.map_or(ExitCode::SUCCESS, |s| ExitCode::from(launch::exit_code(s))))
         }
         Command::Report(args) => {
             let recording = record::read_recording(&args.input)?;
@@ -103,7 +107,7 @@ fn run(cli: Cli) -> Result<()> {
             }
             record::write_output(&recording, &output, args.format)?;
             eprintln!("rprof: wrote {}", output.display());
-            Ok(())
+            Ok(ExitCode::SUCCESS)
         }
     }
 }

@@ -6,9 +6,7 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::process::{Child, ExitStatus};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
@@ -19,6 +17,7 @@ use crate::bpf::{types, Probe, Sample, Stats};
 use crate::cli::Format;
 use crate::error::UserError;
 use crate::gc_time::{GcTime, SampleTime};
+use crate::launch::{self, StopSignals};
 use crate::resolve::{Resolver, Unknown};
 use crate::system;
 use crate::target::RubyTarget;
@@ -49,6 +48,8 @@ pub struct RecordConfig {
     pub output: Option<PathBuf>,
     pub format: Format,
     pub force_version: Option<String>,
+    /// Run a launched command as root even under sudo.
+    pub as_root: bool,
 }
 
 /// A recording as saved with `--format rprof`, re-rendered by `rprof report`.
@@ -64,7 +65,9 @@ pub struct Recording {
     pub profile: Profile,
 }
 
-pub fn record(cfg: RecordConfig) -> Result<()> {
+/// Records until the duration ends, a stop signal, or the target exits.
+/// Returns the exit status of the command rprof started, once it has ended.
+pub fn record(cfg: RecordConfig) -> Result<Option<ExitStatus>> {
     system::check_privileges()?;
     system::check_btf()?;
     if let EventSpec::Cpu { frequency } = cfg.event {
@@ -81,11 +84,12 @@ pub fn record(cfg: RecordConfig) -> Result<()> {
     }
 
     let mut probe = Probe::load()?;
+    let signals = StopSignals::install()?;
     let mut child = None;
     let target = match &cfg.target {
         Target::Pid(pid) => RubyTarget::inspect(*pid, cfg.force_version.as_deref())?,
         Target::Command(argv) => {
-            let (c, t) = launch(argv, cfg.force_version.as_deref())?;
+            let (c, t) = launch(argv, &cfg, &signals)?;
             child = Some(c);
             t
         }
@@ -109,12 +113,6 @@ pub fn record(cfg: RecordConfig) -> Result<()> {
         }
     }
 
-    let stop = Arc::new(AtomicBool::new(false));
-    {
-        let stop = Arc::clone(&stop);
-        ctrlc::set_handler(move || stop.store(true, Ordering::SeqCst))
-            .context("installing the Ctrl-C handler")?;
-    }
     let what = match &cfg.event {
         EventSpec::Cpu { frequency } => format!("sampling at {frequency} Hz"),
         EventSpec::Syscalls(names) => format!("tracing {}", names.join(", ")),
@@ -140,7 +138,7 @@ pub fn record(cfg: RecordConfig) -> Result<()> {
         }
         collector.resolver.tick();
         collector.retry(false);
-        if stop.load(Ordering::SeqCst)
+        if signals.stopped()
             || cfg.duration.is_some_and(|d| started.elapsed() >= d)
             || !target.process.is_alive()
             || child
@@ -181,16 +179,19 @@ pub fn record(cfg: RecordConfig) -> Result<()> {
     if let Some(e) = recording_error {
         return Err(e.context("recording stopped early (what was collected is written)"));
     }
-    if let Some(mut c) = child {
-        if !matches!(c.try_wait(), Ok(Some(_))) {
-            eprintln!(
-                "rprof: {} (pid {pid}) is still running",
-                cfg_command_name(&cfg.target)
-            );
-        }
-        let _ = c.try_wait();
+    let Some(mut c) = child else { return Ok(None) };
+    if let Ok(Some(status)) = c.try_wait() {
+        return Ok(Some(status));
     }
-    Ok(())
+    if signals.stopped() {
+        // The command got the signal too: wait for it as a shell would.
+        return c.wait().map(Some).context("waiting for the command to exit");
+    }
+    eprintln!(
+        "rprof: {} (pid {pid}) is still running",
+        cfg_command_name(&cfg.target)
+    );
+    Ok(None)
 }
 
 fn cfg_command_name(t: &Target) -> String {
@@ -200,17 +201,15 @@ fn cfg_command_name(t: &Target) -> String {
     }
 }
 
-/// Starts `argv` and waits until its Ruby VM can be read.
-fn launch(argv: &[String], force_version: Option<&str>) -> Result<(Child, RubyTarget)> {
-    let (prog, args) = argv.split_first().context("no command given after --")?;
-    let mut child = Command::new(prog)
-        .args(args)
-        .spawn()
-        .with_context(|| format!("starting {prog}"))?;
+/// Starts the command and waits until its Ruby VM can be read.
+fn launch(argv: &[String], cfg: &RecordConfig, signals: &StopSignals) -> Result<(Child, RubyTarget)> {
+    let mut child = launch::spawn(argv, cfg.as_root)?;
     let pid = child.id();
+    signals.forward_to(pid);
+    let prog = &argv[0];
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        match RubyTarget::inspect(pid, force_version) {
+        match RubyTarget::inspect(pid, cfg.force_version.as_deref()) {
             Ok(t) if t.ready() => return Ok((child, t)),
             Ok(_) => {}
             Err(e) => {
