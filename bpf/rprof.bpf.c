@@ -40,10 +40,18 @@ struct scratch {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 256);
+	__uint(max_entries, 65536);
 	__type(key, __u32);
 	__type(value, struct rprof_proc);
 } procs SEC(".maps");
+
+/* Processes whose forks are followed (--subprocesses). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u32);
+	__type(value, struct rprof_followed);
+} followed SEC(".maps");
 
 /* Native thread -> rb_thread_t, for RPROF_EC_THREAD_MAP processes. */
 struct {
@@ -103,6 +111,9 @@ struct rprof_sample_header rprof_sample_header_type;
 enum rprof_ec_access rprof_ec_access_type;
 enum rprof_sample_flags rprof_sample_flags_type;
 enum rprof_stat rprof_stat_type;
+enum rprof_record_kind rprof_record_kind_type;
+enum rprof_process_change rprof_process_change_type;
+struct rprof_process_event rprof_process_event_type;
 
 struct walk_ctx {
 	struct scratch *s;
@@ -505,6 +516,12 @@ static __always_inline void count_stack(struct scratch *s)
 		c->emitted = 1;
 }
 
+/* A process's start as /proc/PID/stat shows it (see RPROF_TICK_NS). */
+static __always_inline __u64 start_ticks(struct task_struct *leader)
+{
+	return leader->start_boottime / RPROF_TICK_NS;
+}
+
 static __always_inline int on_event(__u32 event)
 {
 	__u64 id = bpf_get_current_pid_tgid();
@@ -518,21 +535,27 @@ static __always_inline int on_event(__u32 event)
 	p = bpf_map_lookup_elem(&procs, &tgid);
 	if (!p)
 		return 0;
+	task = bpf_get_current_task_btf();
+	/* A PID reused before userspace heard of the exit is another process. */
+	if (start_ticks(task->group_leader) != p->start_ticks) {
+		stat_inc(RPROF_STAT_OTHER_PROCESS);
+		return 0;
+	}
 	stat_inc(RPROF_STAT_EVENTS);
 	slot = bpf_get_smp_processor_id() * 2 + (event ? 1 : 0);
 	s = bpf_map_lookup_elem(&scratch, &slot);
 	if (!s)
 		return 0;
 
+	s->hdr.kind = RPROF_RECORD_SAMPLE;
 	s->hdr.pid = tgid;
+	s->hdr.start_ticks = p->start_ticks;
 	s->hdr.tid = tid;
 	s->hdr.event = event;
 	s->hdr.flags = 0;
 	s->hdr.nframes = 0;
-	s->hdr.pad = 0;
 	s->hdr.ruby_thread = 0;
 	s->hdr.gc_time = 0;
-	task = bpf_get_current_task_btf();
 	tp = BPF_CORE_READ(task, thread.fsbase);
 
 	w.s = s;
@@ -557,9 +580,10 @@ static __always_inline int on_event(__u32 event)
 
 	s->hdr.nframes = w.out;
 	s->hdr.hash = finish_hash(
-	    mix(mix(mix(mix(mix(w.hash, ((__u64)tid << 32) | event), s->hdr.flags), w.out),
-		    s->hdr.gc_time),
-		s->hdr.ruby_thread));
+	    mix(mix(mix(mix(mix(mix(w.hash, ((__u64)tid << 32) | event), s->hdr.flags), w.out),
+			s->hdr.gc_time),
+		    s->hdr.ruby_thread),
+		p->start_ticks));
 	count_stack(s);
 	return 0;
 }
@@ -575,4 +599,93 @@ SEC("tracepoint")
 int on_tracepoint(void *ctx)
 {
 	return on_event((__u32)bpf_get_attach_cookie(ctx));
+}
+
+static __always_inline void process_event(__u32 change, __u32 pid, __u64 start, __u32 parent,
+					  __u64 parent_start, __u64 gc_time)
+{
+	struct rprof_process_event e = {
+	    .kind = RPROF_RECORD_PROCESS,
+	    .change = change,
+	    .pid = pid,
+	    .parent = parent,
+	    .start_ticks = start,
+	    .parent_start_ticks = parent_start,
+	    .gc_time = gc_time,
+	};
+
+	if (bpf_ringbuf_output(&samples, &e, sizeof(e), 0))
+		stat_inc(RPROF_STAT_PROCESS_LOST);
+}
+
+/* A followed process forked: the child is followed, and, until it execs,
+ * shares its parent's memory layout, so it gets its parent's recipe now,
+ * before it can run its first instruction. */
+SEC("tp_btf/sched_process_fork")
+int BPF_PROG(on_fork, struct task_struct *parent, struct task_struct *child)
+{
+	__u32 ptgid = parent->tgid, ctgid = child->tgid;
+	struct rprof_followed *f, cf;
+	struct rprof_proc *p;
+	__u64 pstart, gc_time = 0;
+
+	if (ctgid == ptgid)
+		return 0; /* a new thread */
+	f = bpf_map_lookup_elem(&followed, &ptgid);
+	pstart = start_ticks(parent->group_leader);
+	if (!f || f->start_ticks != pstart)
+		return 0;
+	cf.start_ticks = start_ticks(child);
+	bpf_map_update_elem(&followed, &ctgid, &cf, BPF_ANY);
+	p = bpf_map_lookup_elem(&procs, &ptgid);
+	if (p) {
+		struct rprof_proc copy = *p;
+		__u32 flags = 0;
+		__u64 count = 0;
+
+		copy.start_ticks = cf.start_ticks;
+		bpf_map_update_elem(&procs, &ctgid, &copy, BPF_ANY);
+		/* Ruby forks outside its GC: the count and phase say it all. */
+		if (!bpf_probe_read_user(&flags, sizeof(flags), (void *)p->gc_flags_addr) &&
+		    !bpf_probe_read_user(&count, sizeof(count), (void *)p->gc_count_addr))
+			gc_time = count * 2 +
+				  ((flags & RPROF_GC_MODE_MASK) == RPROF_GC_MODE_MARKING ? 0 : 1);
+	}
+	process_event(RPROF_PROCESS_FORK, ctgid, cf.start_ticks, ptgid, pstart, gc_time);
+	return 0;
+}
+
+/* A followed process runs a new program: its recipe describes the old one. */
+SEC("tp_btf/sched_process_exec")
+int BPF_PROG(on_exec, struct task_struct *task)
+{
+	__u32 tgid = task->tgid;
+	struct rprof_followed *f = bpf_map_lookup_elem(&followed, &tgid);
+
+	if (!f || f->start_ticks != start_ticks(task->group_leader))
+		return 0;
+	bpf_map_delete_elem(&procs, &tgid);
+	process_event(RPROF_PROCESS_EXEC, tgid, f->start_ticks, 0, 0, 0);
+	return 0;
+}
+
+/* The last thread of a followed process ends (its `live` count is already
+ * down when this tracepoint fires). */
+SEC("tp_btf/sched_process_exit")
+int BPF_PROG(on_exit, struct task_struct *task)
+{
+	__u32 tgid = task->tgid;
+	struct rprof_followed *f;
+	__u64 start;
+
+	if (task->signal->live.counter != 0)
+		return 0;
+	f = bpf_map_lookup_elem(&followed, &tgid);
+	start = start_ticks(task->group_leader);
+	if (!f || f->start_ticks != start)
+		return 0;
+	bpf_map_delete_elem(&followed, &tgid);
+	bpf_map_delete_elem(&procs, &tgid);
+	process_event(RPROF_PROCESS_EXIT, tgid, start, 0, 0, 0);
+	return 0;
 }

@@ -38,8 +38,15 @@ struct rprof_thread_key {
 	__u64 tp; /* thread pointer: pthread_self() */
 };
 
-/* Per-process recipe, written by userspace into the `procs` map (key: tgid). */
+/* A process's start, as /proc/PID/stat gives it: boot time in clock ticks
+ * (USER_HZ, 100 a second). With the PID, it names one process: a PID is
+ * reused only by a process started later. */
+#define RPROF_TICK_NS 10000000ULL
+
+/* Per-process recipe, written by userspace into the `procs` map (key: tgid),
+ * and copied by BPF to a followed process's forked children. */
 struct rprof_proc {
+	__u64 start_ticks; /* events of another process with this PID are ignored */
 	__u64 ec_addr;
 	__u64 tls_module;
 	__u32 ec_access;      /* enum rprof_ec_access */
@@ -113,22 +120,55 @@ enum rprof_sample_flags {
 #define RPROF_GC_DURING_GC	   (1 << 5)
 #define RPROF_GC_DURING_COMPACTING (1 << 6)
 
+/* What a ring buffer record is: its first 32 bits. */
+enum rprof_record_kind {
+	RPROF_RECORD_SAMPLE = 1,  /* struct rprof_sample_header and frames */
+	RPROF_RECORD_PROCESS = 2, /* struct rprof_process_event */
+};
+
+/* A change in the tree of followed processes (--subprocesses), sent through
+ * the ring buffer in the order the kernel made them, before any sample of
+ * the process it names. */
+enum rprof_process_change {
+	RPROF_PROCESS_FORK = 1, /* `parent` forked `pid`, which inherited its recipe */
+	RPROF_PROCESS_EXEC = 2, /* `pid` runs a new program: its recipe is gone */
+	RPROF_PROCESS_EXIT = 3, /* the last thread of `pid` ended */
+};
+
+struct rprof_process_event {
+	__u32 kind;   /* RPROF_RECORD_PROCESS */
+	__u32 change; /* enum rprof_process_change */
+	__u32 pid;
+	__u32 parent; /* FORK: the process that forked */
+	__u64 start_ticks;
+	__u64 parent_start_ticks;
+	/* FORK of a profiled parent: its GC time at the fork (the child starts
+	 * with the same heap at the same time), else 0. */
+	__u64 gc_time;
+};
+
+/* A process followed with --subprocesses (key: tgid): its forks are followed too. */
+struct rprof_followed {
+	__u64 start_ticks;
+};
+
 /* Header of a ring buffer record; `nframes` struct rprof_frame follow, leaf first. */
 struct rprof_sample_header {
-	__u64 hash; /* identity of (tid, Ruby thread, event, GC time, frames): key of the counts
-		       maps */
+	__u32 kind; /* RPROF_RECORD_SAMPLE */
+	__u32 pid;
+	__u64 hash; /* identity of (process, tid, Ruby thread, event, GC time, frames): key of the
+		       counts maps */
 	/* The target GC's time when the frames were read: 2 * count + (marking ? 0 : 1).
 	 * Addresses name the same objects only within one GC time (src/gc_time.rs). */
 	__u64 gc_time;
 	/* The rb_thread_t of an M:N thread (one sharing native threads), else 0:
 	 * it identifies the Ruby thread for as long as the thread lives. */
 	__u64 ruby_thread;
-	__u32 pid;
+	__u64 start_ticks; /* of the process: with pid, its identity */
 	__u32 tid;
 	__u32 event; /* 0: cpu sample; n: the n-th traced tracepoint */
 	__u32 flags; /* enum rprof_sample_flags */
 	__u32 nframes;
-	__u32 pad;
 	char comm[16];
 };
 
@@ -145,14 +185,16 @@ struct rprof_stack_count {
 
 /* Indexes of the per-CPU `stats` array. */
 enum rprof_stat {
-	RPROF_STAT_EVENTS = 0,	/* events of target threads */
-	RPROF_STAT_LOST,	/* events whose stack the full ring buffer refused */
-	RPROF_STAT_READ_FAILED, /* events whose EC or frames could not be read */
-	RPROF_STAT_TRUNCATED,	/* events with more than RPROF_MAX_FRAMES frames */
-	RPROF_STAT_NO_EC,	/* events of threads without a Ruby EC */
-	RPROF_STAT_FOREIGN_EC,	/* events whose EC belonged to another thread */
-	RPROF_STAT_AGG_FULL,	/* events sent directly because a counts map was full */
-	RPROF_STAT_VERIFIED,	/* events whose EC was checked to be this thread's */
+	RPROF_STAT_EVENTS = 0,	  /* events of target threads */
+	RPROF_STAT_LOST,	  /* events whose stack the full ring buffer refused */
+	RPROF_STAT_READ_FAILED,	  /* events whose EC or frames could not be read */
+	RPROF_STAT_TRUNCATED,	  /* events with more than RPROF_MAX_FRAMES frames */
+	RPROF_STAT_NO_EC,	  /* events of threads without a Ruby EC */
+	RPROF_STAT_FOREIGN_EC,	  /* events whose EC belonged to another thread */
+	RPROF_STAT_AGG_FULL,	  /* events sent directly because a counts map was full */
+	RPROF_STAT_VERIFIED,	  /* events whose EC was checked to be this thread's */
+	RPROF_STAT_OTHER_PROCESS, /* events of a process that reused a target's PID */
+	RPROF_STAT_PROCESS_LOST,  /* process events the full ring buffer refused */
 	RPROF_STAT_MAX,
 };
 

@@ -29,6 +29,8 @@ unsafe impl plain::Plain for types::rprof_sample_header {}
 unsafe impl plain::Plain for types::rprof_frame {}
 unsafe impl plain::Plain for types::rprof_stack_count {}
 unsafe impl plain::Plain for types::rprof_thread_key {}
+unsafe impl plain::Plain for types::rprof_process_event {}
+unsafe impl plain::Plain for types::rprof_followed {}
 
 /// One stack record sent by the BPF program.
 #[derive(Debug, Clone)]
@@ -44,6 +46,17 @@ impl Sample {
     }
 }
 
+/// (stack hash, events) of a closed epoch.
+pub type Counts = Vec<(u64, u64)>;
+
+/// A record of the ring buffer, in the order the BPF program wrote them.
+#[derive(Debug, Clone)]
+pub enum Record {
+    Sample(Sample),
+    /// A fork, exec or exit in the tree of followed processes.
+    Process(types::rprof_process_event),
+}
+
 /// The BPF program's per-event counters, summed over CPUs.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Stats {
@@ -55,6 +68,10 @@ pub struct Stats {
     pub foreign_ec: u64,
     pub agg_full: u64,
     pub verified: u64,
+    /// Events of a process that reused a target's PID, ignored.
+    pub other_process: u64,
+    /// Forks, execs and exits the full ring buffer refused.
+    pub process_lost: u64,
 }
 
 pub struct Probe {
@@ -155,6 +172,40 @@ impl Probe {
         Ok(())
     }
 
+    /// Follows the forks of process `pid` (started at `start_ticks`), and
+    /// theirs: children inherit its recipe and are followed in turn.
+    pub fn follow(&mut self, pid: u32, start_ticks: u64) -> Result<()> {
+        let value = types::rprof_followed { start_ticks };
+        // SAFETY: rprof_followed is Plain.
+        let value = unsafe { plain::as_bytes(&value) };
+        self.skel
+            .maps
+            .followed
+            .update(&pid.to_ne_bytes(), value, MapFlags::ANY)
+            .with_context(|| format!("following the children of process {pid}"))
+    }
+
+    /// Stops following the forks of `pid`.
+    pub fn unfollow(&mut self, pid: u32) {
+        let _ = self.skel.maps.followed.delete(&pid.to_ne_bytes());
+    }
+
+    /// Starts reporting forks, execs and exits of followed processes.
+    pub fn attach_process_tracking(&mut self) -> Result<()> {
+        let progs = &self.skel.progs;
+        for (name, prog) in [
+            ("sched_process_fork", &progs.on_fork),
+            ("sched_process_exec", &progs.on_exec),
+            ("sched_process_exit", &progs.on_exit),
+        ] {
+            let link = prog
+                .attach()
+                .with_context(|| format!("attaching to the {name} tracepoint"))?;
+            self.links.push(link);
+        }
+        Ok(())
+    }
+
     pub fn remove_process(&mut self, pid: u32) {
         let _ = self.set_threads(pid, &[]);
         let _ = self.skel.maps.procs.delete(&pid.to_ne_bytes());
@@ -225,8 +276,8 @@ impl Probe {
         Ok(())
     }
 
-    /// Waits up to `timeout` for stack records and hands each to `f`.
-    pub fn poll(&mut self, timeout: Duration, mut f: impl FnMut(Sample)) -> Result<()> {
+    /// Waits up to `timeout` for records and hands each to `f`.
+    pub fn poll(&mut self, timeout: Duration, mut f: impl FnMut(Record)) -> Result<()> {
         match self.ring.poll(timeout) {
             // A signal (Ctrl-C) interrupts the wait; the caller decides what next.
             Err(e) if e.kind() == libbpf_rs::ErrorKind::Interrupted => {}
@@ -238,31 +289,28 @@ impl Probe {
         Ok(())
     }
 
-    fn drain_queue(&mut self, f: &mut impl FnMut(Sample)) {
+    fn drain_queue(&mut self, f: &mut impl FnMut(Record)) {
         loop {
             let next = self.queue.borrow_mut().pop_front();
             let Some(data) = next else { break };
-            if let Some(sample) = parse_sample(&data) {
-                f(sample);
+            if let Some(record) = parse_record(&data) {
+                f(record);
             }
         }
     }
 
     /// Closes the current counting epoch: the BPF program moves on to a new
-    /// one, every stack record of the old one is handed to `on_sample`, then
-    /// every (hash, count) of the old one to `on_count`, and removed.
-    pub fn close_epoch(
-        &mut self,
-        mut on_sample: impl FnMut(Sample),
-        mut on_count: impl FnMut(u64, u64),
-    ) -> Result<()> {
+    /// one; returns every record of the old one, then every (hash, count)
+    /// of it (removed from the kernel).
+    pub fn close_epoch(&mut self) -> Result<(Vec<Record>, Counts)> {
         let closed = self.epoch;
         self.epoch += 1;
         self.write_epoch()?;
         // A BPF program that read the old epoch finishes within microseconds.
         std::thread::sleep(Duration::from_millis(2));
         self.ring.consume().context("reading the ring buffer")?;
-        self.drain_queue(&mut on_sample);
+        let mut records = Vec::new();
+        self.drain_queue(&mut |r| records.push(r));
 
         let map = if closed & 1 == 0 {
             &self.skel.maps.counts0
@@ -273,16 +321,17 @@ impl Probe {
         let drained = map
             .lookup_and_delete_batch(4096, MapFlags::ANY, MapFlags::ANY)
             .context("draining the stack counts")?;
+        let mut counts = Vec::new();
         for (key, value) in drained {
             let mut count = types::rprof_stack_count::default();
             if let (Ok(hash), Ok(())) = (
                 key.as_slice().try_into().map(u64::from_ne_bytes),
                 plain::copy_from_bytes(&mut count, &value),
             ) {
-                on_count(hash, count.count);
+                counts.push((hash, count.count));
             }
         }
-        Ok(())
+        Ok((records, counts))
     }
 
     fn write_epoch(&self) -> Result<()> {
@@ -328,6 +377,8 @@ impl Probe {
             foreign_ec: read(types::rprof_stat::RPROF_STAT_FOREIGN_EC)?,
             agg_full: read(types::rprof_stat::RPROF_STAT_AGG_FULL)?,
             verified: read(types::rprof_stat::RPROF_STAT_VERIFIED)?,
+            other_process: read(types::rprof_stat::RPROF_STAT_OTHER_PROCESS)?,
+            process_lost: read(types::rprof_stat::RPROF_STAT_PROCESS_LOST)?,
         })
     }
 
@@ -335,6 +386,16 @@ impl Probe {
     pub fn detach(&mut self) {
         self.links.clear();
     }
+}
+
+fn parse_record(data: &[u8]) -> Option<Record> {
+    let kind = u32::from_ne_bytes(data.get(..4)?.try_into().ok()?);
+    if kind == types::rprof_record_kind::RPROF_RECORD_PROCESS.0 {
+        let mut event = types::rprof_process_event::default();
+        plain::copy_from_bytes(&mut event, data).ok()?;
+        return Some(Record::Process(event));
+    }
+    parse_sample(data).map(Record::Sample)
 }
 
 fn parse_sample(data: &[u8]) -> Option<Sample> {

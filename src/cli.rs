@@ -22,6 +22,7 @@ pub enum Command {
         rprof record -p 1234                         CPU profile until Ctrl-C, icicle SVG\n  \
         rprof record -p 1234 -d 10 --format folded   10 seconds, folded stacks\n  \
         rprof record -p 1234 syscall enter_getpid    which Ruby code calls getpid\n  \
+        rprof record -p 1234 --subprocesses          a Puma/Unicorn master and all its workers\n  \
         rprof record -- ruby app.rb                  start app.rb and profile it; exit with its status")]
     Record(RecordArgs),
     /// Render a recording (.rprof) again, in another format.
@@ -30,9 +31,19 @@ pub enum Command {
 
 #[derive(Debug, Args)]
 pub struct RecordArgs {
-    /// PID of the Ruby process to profile.
+    /// PID of a Ruby process to profile; repeat for several in one profile.
     #[arg(short, long, global = true)]
-    pub pid: Option<u32>,
+    pub pid: Vec<u32>,
+
+    /// Also follow every process the targets fork, at any depth, from its
+    /// first instruction, and the programs they exec (a Puma or Unicorn cluster).
+    #[arg(long, global = true)]
+    pub subprocesses: bool,
+
+    /// Split the profile by process: a root frame per process
+    /// (`process PID:"command line"`), each under its parent's.
+    #[arg(long, global = true)]
+    pub processes: bool,
 
     /// Seconds to record (default: until Ctrl-C or the target exits).
     #[arg(short, long, global = true)]

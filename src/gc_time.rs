@@ -223,6 +223,14 @@ impl MajorLog {
         self.readings.push_back(entry);
     }
 
+    /// The log of a process forked when GC `count` was the last to start:
+    /// the GCs up to it are its history too, later ones are not.
+    pub fn forked(&self, count: u64) -> Self {
+        Self {
+            readings: self.readings.iter().copied().filter(|r| r.0 <= count).collect(),
+        }
+    }
+
     /// Whether every GC numbered `first..=last` is known to have been minor:
     /// a major count read before GC `first` counted itself equals one read
     /// after GC `last` bumped it if it was major. Counts only grow, so the

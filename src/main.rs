@@ -8,6 +8,7 @@ mod error;
 mod gc_time;
 mod launch;
 mod process;
+mod processes;
 mod record;
 mod resolve;
 mod system;
@@ -71,11 +72,11 @@ fn run(cli: Cli) -> Result<ExitCode> {
             };
             let mut command = args.command;
             command.extend(extra_command);
-            let target = match (args.pid, command.is_empty()) {
-                (Some(pid), true) => Target::Pid(pid),
-                (None, false) => Target::Command(command),
-                (Some(_), false) => anyhow::bail!("give either -p PID or a command after --, not both"),
-                (None, true) => anyhow::bail!(
+            let target = match (args.pid.is_empty(), command.is_empty()) {
+                (false, true) => Target::Pids(args.pid),
+                (true, false) => Target::Command(command),
+                (false, false) => anyhow::bail!("give either -p PID or a command after --, not both"),
+                (true, true) => anyhow::bail!(
                     "nothing to profile: give -p PID or a command after -- (see rprof record --help)"
                 ),
             };
@@ -94,6 +95,8 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 format: args.format,
                 force_version: args.force_version,
                 as_root: args.root,
+                subprocesses: args.subprocesses,
+                processes: args.processes,
             })?;
             Ok(status.map_or(ExitCode::SUCCESS, |s| ExitCode::from(launch::exit_code(s))))
         }

@@ -62,6 +62,25 @@ impl Process {
         ]
     }
 
+    /// When the process started, as /proc/PID/stat says (boot time in clock
+    /// ticks): with the PID, its identity, as a PID is only reused later.
+    pub fn start_ticks(&self) -> Option<u64> {
+        let stat = fs::read_to_string(format!("/proc/{}/stat", self.pid)).ok()?;
+        // Field 22; fields 3 on follow the command name's closing parenthesis.
+        stat.rsplit_once(')')?.1.split_whitespace().nth(19)?.parse().ok()
+    }
+
+    /// The command line, arguments joined by spaces (empty for a zombie).
+    pub fn command_line(&self) -> String {
+        let raw = fs::read(format!("/proc/{}/cmdline", self.pid)).unwrap_or_default();
+        let args: Vec<String> = raw
+            .split(|&b| b == 0)
+            .filter(|a| !a.is_empty())
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        args.join(" ")
+    }
+
     pub fn exe_name(&self) -> String {
         fs::read_to_string(format!("/proc/{}/comm", self.pid))
             .map(|s| s.trim_end().to_string())
@@ -217,6 +236,9 @@ mod tests {
         .expect("readable");
         assert_eq!((u64::from_le_bytes(a), u32::from_le_bytes(b)), (value, other));
         assert!(me.is_alive());
+        let ticks = me.start_ticks().expect("our own start");
+        assert!(ticks > 0 && ticks == me.start_ticks().unwrap_or(0));
+        assert!(!me.command_line().is_empty());
         assert!(matches!(Process::open(0), Err(UserError::NoSuchProcess { .. })));
     }
 }

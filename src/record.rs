@@ -13,12 +13,14 @@ use anyhow::{Context, Result};
 use flamegraphs::{Frame, Profile, SvgOptions};
 use serde::{Deserialize, Serialize};
 
-use crate::bpf::{types, Probe, Sample, Stats};
+use crate::bpf::{types, Probe, Record, Sample, Stats};
 use crate::cli::Format;
 use crate::error::UserError;
 use crate::gc_time::{GcTime, SampleTime};
 use crate::launch::{self, StopSignals};
-use crate::resolve::{Resolver, Unknown};
+use crate::process::Process;
+use crate::processes::{Counts, Followed, ProcessId, Processes};
+use crate::resolve::Unknown;
 use crate::system;
 use crate::target::RubyTarget;
 
@@ -29,7 +31,7 @@ const EPOCH: Duration = Duration::from_millis(500);
 const POLL: Duration = Duration::from_millis(10);
 
 pub enum Target {
-    Pid(u32),
+    Pids(Vec<u32>),
     Command(Vec<String>),
 }
 
@@ -50,6 +52,10 @@ pub struct RecordConfig {
     pub force_version: Option<String>,
     /// Run a launched command as root even under sudo.
     pub as_root: bool,
+    /// Follow every process the targets fork, at any depth.
+    pub subprocesses: bool,
+    /// A root frame per process (`process PID:"command line"`), under its parent's.
+    pub processes: bool,
 }
 
 /// A recording as saved with `--format rprof`, re-rendered by `rprof report`.
@@ -85,25 +91,47 @@ pub fn record(cfg: RecordConfig) -> Result<Option<ExitStatus>> {
 
     let mut probe = Probe::load()?;
     let signals = StopSignals::install()?;
-    let mut child = None;
-    let target = match &cfg.target {
-        Target::Pid(pid) => RubyTarget::inspect(*pid, cfg.force_version.as_deref())?,
-        Target::Command(argv) => {
-            let (c, t) = launch(argv, &cfg, &signals)?;
-            child = Some(c);
-            t
-        }
-    };
-    let pid = target.process.pid;
+    let mut processes = Processes::new(cfg.force_version.clone());
+    if cfg.subprocesses {
+        probe.attach_process_tracking()?;
+    }
     let event_names: Vec<String> = match &cfg.event {
         EventSpec::Cpu { .. } => vec!["cpu".to_string()],
         EventSpec::Syscalls(names) => names.clone(),
     };
-    // Created before sampling starts: its first reading of the GC clock lets
-    // it prove that no GC came between the first samples and their naming.
-    let mut collector = Collector::new(&target, event_names.clone());
-    probe.set_threads(pid, &target.ruby_threads()?)?;
-    probe.add_process(pid, &target.recipe())?;
+    let mut collector = Collector::new(event_names.clone(), cfg.processes);
+    let mut child = None;
+    let mut roots = Vec::new();
+    match &cfg.target {
+        Target::Pids(pids) => {
+            for &pid in pids {
+                roots.push(add_root(&mut probe, &mut processes, pid, &cfg)?);
+            }
+        }
+        Target::Command(argv) if cfg.subprocesses => {
+            // Follow rprof's own forks while it starts the command, so the
+            // command is followed from its first instruction.
+            let me = Process::open(std::process::id())?;
+            let my_start = me.start_ticks().context("reading rprof's own start time")?;
+            probe.follow(me.pid, my_start)?;
+            let c = launch::spawn(argv, cfg.as_root)?;
+            signals.forward_to(c.id());
+            probe.unfollow(me.pid);
+            roots.push(format!("{} (pid {})", argv.join(" "), c.id()));
+            child = Some(c);
+        }
+        Target::Command(argv) => {
+            let (c, t) = launch(argv, &cfg, &signals)?;
+            roots.push(describe(&t));
+            processes.add_root(&mut probe, t, false)?;
+            child = Some(c);
+        }
+    }
+    let first_pid = match (&cfg.target, &child) {
+        (_, Some(c)) => c.id(),
+        (Target::Pids(pids), None) => pids[0],
+        (Target::Command(_), None) => 0,
+    };
     match &cfg.event {
         EventSpec::Cpu { frequency } => probe.attach_cpu_clock(*frequency)?,
         EventSpec::Syscalls(names) => {
@@ -118,9 +146,14 @@ pub fn record(cfg: RecordConfig) -> Result<Option<ExitStatus>> {
         EventSpec::Syscalls(names) => format!("tracing {}", names.join(", ")),
     };
     eprintln!(
-        "rprof: recording process {pid} ({}, Ruby {}), {what}; {}",
-        target.process.exe_name(),
-        target.version,
+        "rprof: recording {} {}{}, {what}; {}",
+        if roots.len() == 1 { "process" } else { "processes" },
+        roots.join(", "),
+        if cfg.subprocesses {
+            " and every process forked from it"
+        } else {
+            ""
+        },
         match cfg.duration {
             Some(d) => format!("for {:.1}s (Ctrl-C to stop early)", d.as_secs_f64()),
             None => "Ctrl-C to stop".to_string(),
@@ -132,50 +165,67 @@ pub fn record(cfg: RecordConfig) -> Result<Option<ExitStatus>> {
     // An error while recording still writes what was collected before it.
     let mut recording_error = None;
     loop {
-        if let Err(e) = probe.poll(POLL, |s| collector.on_sample(s)) {
-            recording_error = Some(e);
-            break;
-        }
-        collector.resolver.tick();
-        collector.retry(false);
-        if signals.stopped()
-            || cfg.duration.is_some_and(|d| started.elapsed() >= d)
-            || !target.process.is_alive()
-            || child
+        let step = (|| -> Result<bool> {
+            let mut records = Vec::new();
+            probe.poll(POLL, |r| records.push(r))?;
+            for r in records {
+                collector.on_record(r, &mut processes, &mut probe)?;
+            }
+            processes.inspect_pending(&mut probe)?;
+            for f in processes.all() {
+                if let Some(ruby) = &mut f.ruby {
+                    ruby.resolver.tick();
+                }
+            }
+            collector.retry(false, &mut processes);
+            let command_ended = child
                 .as_mut()
-                .is_some_and(|c: &mut Child| matches!(c.try_wait(), Ok(Some(_))))
-        {
-            break;
-        }
-        if epoch_started.elapsed() >= EPOCH {
-            if let Err(e) = collector.close_epoch(&mut probe) {
+                .is_some_and(|c: &mut Child| matches!(c.try_wait(), Ok(Some(_))));
+            if signals.stopped()
+                || cfg.duration.is_some_and(|d| started.elapsed() >= d)
+                || command_ended
+                || (child.is_none() && !processes.any_alive())
+            {
+                return Ok(true);
+            }
+            if epoch_started.elapsed() >= EPOCH {
+                collector.close_epoch(&mut probe, &mut processes, false)?;
+                processes.refresh_threads(&mut probe)?;
+                epoch_started = Instant::now();
+            }
+            Ok(false)
+        })();
+        match step {
+            Ok(false) => {}
+            Ok(true) => break,
+            Err(e) => {
                 recording_error = Some(e);
                 break;
             }
-            // Threads come and go; a dead target's list is simply not read.
-            if let Ok(threads) = target.ruby_threads() {
-                if let Err(e) = probe.set_threads(pid, &threads) {
-                    recording_error = Some(e);
-                    break;
-                }
-            }
-            epoch_started = Instant::now();
         }
     }
     probe.detach();
-    if let Err(e) = collector.close_epoch(&mut probe) {
+    if let Err(e) = collector.close_epoch(&mut probe, &mut processes, true) {
         recording_error.get_or_insert(e);
     }
     let stats = probe.stats().unwrap_or_default();
-    probe.remove_process(pid);
+    let ruby_version = processes
+        .all()
+        .find_map(|f| f.ruby.as_ref().map(|r| r.target.version.to_string()))
+        .unwrap_or_default();
+    for f in processes.all() {
+        probe.remove_process(f.id.pid);
+    }
+    let pid = first_pid;
 
     let output = cfg
         .output
         .clone()
         .unwrap_or_else(|| default_output(pid, cfg.format));
-    let recording = collector.finish(&target, &stats, event_names.join(","));
+    let recording = collector.finish(pid, ruby_version, &stats, event_names.join(","));
     write_output(&recording, &output, cfg.format)?;
-    print_summary(&recording, &stats, &collector, &output, started.elapsed());
+    let counts = cfg.subprocesses.then_some(processes.counts);
+    print_summary(&recording, &stats, &collector, counts, &output, started.elapsed());
     if let Some(e) = recording_error {
         return Err(e.context("recording stopped early (what was collected is written)"));
     }
@@ -194,10 +244,41 @@ pub fn record(cfg: RecordConfig) -> Result<Option<ExitStatus>> {
     Ok(None)
 }
 
+/// `PID (exe, Ruby X.Y.Z)`, as the first line names a target.
+fn describe(t: &RubyTarget) -> String {
+    format!("{} ({}, Ruby {})", t.process.pid, t.process.exe_name(), t.version)
+}
+
+/// Starts profiling process `pid` given with -p. Under --subprocesses a
+/// process that is not a Ruby rprof can read (a shell, a supervisor) is
+/// followed, and its Ruby children are profiled.
+fn add_root(probe: &mut Probe, processes: &mut Processes, pid: u32, cfg: &RecordConfig) -> Result<String> {
+    match RubyTarget::inspect(pid, cfg.force_version.as_deref()) {
+        Ok(t) => {
+            let name = describe(&t);
+            processes.add_root(probe, t, cfg.subprocesses)?;
+            Ok(name)
+        }
+        Err(e)
+            if cfg.subprocesses
+                && matches!(e.downcast_ref::<UserError>(), Some(UserError::NotRuby { .. })) =>
+        {
+            let process = Process::open(pid)?;
+            let start_ticks = process.start_ticks().ok_or(UserError::NoSuchProcess { pid })?;
+            processes.add_followed_root(probe, ProcessId { pid, start_ticks })?;
+            Ok(format!(
+                "{pid} ({}, not Ruby: its children are followed)",
+                process.exe_name()
+            ))
+        }
+        Err(e) => Err(e),
+    }
+}
+
 fn cfg_command_name(t: &Target) -> String {
     match t {
         Target::Command(argv) => argv.join(" "),
-        Target::Pid(pid) => pid.to_string(),
+        Target::Pids(pids) => pids.iter().map(u32::to_string).collect::<Vec<_>>().join(", "),
     }
 }
 
@@ -230,8 +311,9 @@ fn launch(argv: &[String], cfg: &RecordConfig, signals: &StopSignals) -> Result<
 
 /// Turns BPF's records and counts into a profile.
 struct Collector {
-    resolver: Resolver,
     events: Vec<String>,
+    /// A root frame per process.
+    process_frames: bool,
     /// Resolved stacks by hash, with the generation they were last used in
     /// and whether a frame in them is unknown.
     stacks: HashMap<u64, (Vec<Frame>, u64, bool)>,
@@ -245,13 +327,17 @@ struct Collector {
     unknown_samples: u64,
     /// Records waiting for the GC to stand still.
     deferred: Vec<Sample>,
+    /// Records of processes rprof could not follow (a fork report lost).
+    unfollowed: u64,
+    /// Counts of closed epochs whose record still waits (see `close_epoch`).
+    waiting_counts: HashMap<u64, u64>,
 }
 
 impl Collector {
-    fn new(target: &RubyTarget, events: Vec<String>) -> Self {
+    fn new(events: Vec<String>, process_frames: bool) -> Self {
         Self {
-            resolver: Resolver::new(target),
             events,
+            process_frames,
             stacks: HashMap::new(),
             generation: 0,
             profile: Profile::default(),
@@ -259,28 +345,57 @@ impl Collector {
             unknown_frames: HashMap::new(),
             unknown_samples: 0,
             deferred: Vec::new(),
+            unfollowed: 0,
+            waiting_counts: HashMap::new(),
         }
     }
 
-    /// A record from BPF. If the GC was busy while its frames were read, it
-    /// waits (unless `last_try`) for the GC to stand still.
-    fn on_sample(&mut self, s: Sample) {
-        self.add_sample(s, false)
+    /// A record from BPF: a stack, or a change in the followed processes.
+    fn on_record(&mut self, r: Record, processes: &mut Processes, probe: &mut Probe) -> Result<()> {
+        match r {
+            Record::Sample(s) => match processes.get(s.header.pid, s.header.start_ticks) {
+                Some(f) => self.add_sample(s, f, false),
+                None => self.unfollowed += 1,
+            },
+            // An ending process's waiting records are named now, with what is known.
+            Record::Process(e) => processes.on_event(probe, &e, |f| self.flush(f))?,
+        }
+        Ok(())
     }
 
-    /// Tries again the records that met a busy GC, once it stands still
-    /// (or for good, `now`).
-    fn retry(&mut self, now: bool) {
-        if self.deferred.is_empty() || !(now || self.resolver.settled()) {
-            return;
-        }
+    /// Tries again the records that met a busy GC, once their GC stands
+    /// still (or for good, `now`).
+    fn retry(&mut self, now: bool, processes: &mut Processes) {
         for s in std::mem::take(&mut self.deferred) {
-            self.add_sample(s, true);
+            match processes.get(s.header.pid, s.header.start_ticks) {
+                Some(f) => {
+                    let settled = f.ruby.as_mut().is_some_and(|r| r.resolver.settled());
+                    if now || settled {
+                        self.add_sample(s, f, true);
+                    } else {
+                        self.deferred.push(s);
+                    }
+                }
+                None => self.unfollowed += 1,
+            }
         }
     }
 
-    fn add_sample(&mut self, s: Sample, last_try: bool) {
-        let (stack, unknown) = self.build_stack(&s);
+    /// Names for good the waiting records of `f`, which is ending.
+    fn flush(&mut self, f: &mut Followed) {
+        let (mine, rest): (Vec<_>, Vec<_>) = std::mem::take(&mut self.deferred)
+            .into_iter()
+            .partition(|s| s.header.pid == f.id.pid && s.header.start_ticks == f.id.start_ticks);
+        self.deferred = rest;
+        for s in mine {
+            self.add_sample(s, f, true);
+        }
+    }
+
+    /// A record of process `f`. If the GC was busy while its frames were
+    /// read, it waits (unless `last_try`) for the GC to stand still.
+    fn add_sample(&mut self, s: Sample, f: &mut Followed, last_try: bool) {
+        let (stack, unknown) = self.build_stack(&s, f);
         if !last_try && unknown.contains(&Unknown::GcBusy) {
             self.deferred.push(s);
             return;
@@ -300,6 +415,13 @@ impl Collector {
             }
         }
         self.count_unknown(&unknown);
+        // Counted in an epoch that closed while this record waited.
+        if let Some(n) = self.waiting_counts.remove(&s.header.hash) {
+            self.profile.add(&stack, n);
+            if !unknown.is_empty() {
+                self.unknown_samples += n;
+            }
+        }
         self.stacks
             .insert(s.header.hash, (stack, self.generation, !unknown.is_empty()));
     }
@@ -312,13 +434,21 @@ impl Collector {
 
     /// Root first: thread, [truncated], Ruby frames, then the traced event;
     /// and why frames could not be named.
-    fn build_stack(&mut self, s: &Sample) -> (Vec<Frame>, Vec<Unknown>) {
+    fn build_stack(&mut self, s: &Sample, f: &mut Followed) -> (Vec<Frame>, Vec<Unknown>) {
         let h = &s.header;
         let comm: Vec<u8> = h.comm.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
-        let mut stack = Vec::with_capacity(s.frames.len() + 3);
+        let mut stack = Vec::with_capacity(s.frames.len() + 4);
+        if self.process_frames {
+            stack.extend(f.frames().into_iter().map(Frame::process));
+        }
+        let Some(ruby) = f.ruby.as_mut() else {
+            stack.push(Frame::marker("[process not profiled]"));
+            return (stack, Vec::new());
+        };
+        let resolver = &mut ruby.resolver;
         // An M:N Ruby thread moves between native threads: name it, not them.
         stack.push(Frame::thread(if h.ruby_thread != 0 {
-            self.resolver.ruby_thread(h.ruby_thread)
+            resolver.ruby_thread(h.ruby_thread)
         } else {
             format!("{} [{}]", String::from_utf8_lossy(&comm), h.tid)
         }));
@@ -338,9 +468,9 @@ impl Collector {
                 SampleTime::at(GcTime(h.gc_time))
             };
             let frames = if s.has(types::rprof_sample_flags::RPROF_SAMPLE_GC_MOVING) {
-                self.resolver.moving_stack(&s.frames, time)
+                resolver.moving_stack(&s.frames, time)
             } else {
-                self.resolver.stack(&s.frames, time)
+                resolver.stack(&s.frames, time)
             };
             for f in frames.into_iter().rev() {
                 match f {
@@ -364,15 +494,15 @@ impl Collector {
         (stack, unknown)
     }
 
-    fn close_epoch(&mut self, probe: &mut Probe) -> Result<()> {
-        let mut counts = Vec::new();
-        let mut samples = Vec::new();
-        probe.close_epoch(|s| samples.push(s), |hash, n| counts.push((hash, n)))?;
-        for s in samples {
-            self.on_sample(s);
+    /// Adds the closed epoch's counts to the profile. A stack still waiting
+    /// for its GC to stand still keeps its count until it is named, unless
+    /// this is the `last` epoch.
+    fn close_epoch(&mut self, probe: &mut Probe, processes: &mut Processes, last: bool) -> Result<()> {
+        let (records, counts) = probe.close_epoch()?;
+        for r in records {
+            self.on_record(r, processes, probe)?;
         }
-        // Every counted stack needs its names now.
-        self.retry(true);
+        self.retry(last, processes);
         for (hash, n) in counts {
             match self.stacks.get_mut(&hash) {
                 Some((stack, gen, unknown)) => {
@@ -382,8 +512,14 @@ impl Collector {
                         self.unknown_samples += n;
                     }
                 }
+                None if self.deferred.iter().any(|s| s.header.hash == hash) => {
+                    *self.waiting_counts.entry(hash).or_default() += n;
+                }
                 None => self.undelivered += n,
             }
+        }
+        if last {
+            self.undelivered += self.waiting_counts.drain().map(|(_, n)| n).sum::<u64>();
         }
         // Each epoch re-sends the stacks it sees: older ones can go.
         let keep = self.generation.saturating_sub(1);
@@ -392,11 +528,11 @@ impl Collector {
         Ok(())
     }
 
-    fn finish(&self, target: &RubyTarget, stats: &Stats, event: String) -> Recording {
+    fn finish(&self, pid: u32, ruby_version: String, stats: &Stats, event: String) -> Recording {
         Recording {
             rprof_version: env!("CARGO_PKG_VERSION").to_string(),
-            pid: target.process.pid,
-            ruby_version: target.version.to_string(),
+            pid,
+            ruby_version,
             event,
             samples: stats.events,
             lost: stats.lost + self.undelivered,
@@ -406,8 +542,33 @@ impl Collector {
     }
 }
 
-fn print_summary(r: &Recording, stats: &Stats, c: &Collector, output: &Path, elapsed: Duration) {
+fn print_summary(
+    r: &Recording,
+    stats: &Stats,
+    c: &Collector,
+    followed: Option<Counts>,
+    output: &Path,
+    elapsed: Duration,
+) {
     let mut notes = Vec::new();
+    if let Some(n) = followed {
+        notes.push(format!(
+            "{} processes followed, {} profiled, {} ended",
+            n.followed, n.profiled, n.ended
+        ));
+    }
+    if stats.other_process > 0 {
+        notes.push(format!(
+            "{} of processes that reused a target's PID, ignored",
+            stats.other_process
+        ));
+    }
+    if stats.process_lost + c.unfollowed > 0 {
+        notes.push(format!(
+            "{} process reports lost to a full ring buffer, {} samples of processes not followed",
+            stats.process_lost, c.unfollowed
+        ));
+    }
     if stats.truncated > 0 {
         notes.push(format!("{} truncated at the root", stats.truncated));
     }

@@ -29,8 +29,11 @@ pub enum EcAccess {
     TlsTpOffset { offset: i64 },
 }
 
+#[derive(Clone)]
 pub struct RubyTarget {
     pub process: Process,
+    /// With the PID, the process's identity (see `Process::start_ticks`).
+    pub start_ticks: u64,
     pub version: RubyVersion,
     pub layout: Layout,
     pub ec_access: EcAccess,
@@ -45,6 +48,7 @@ impl RubyTarget {
     /// version rprof does not know ("3.2" uses the 3.1 layout, say).
     pub fn inspect(pid: u32, force_version: Option<&str>) -> Result<Self> {
         let process = Process::open(pid)?;
+        let start_ticks = process.start_ticks().ok_or(UserError::NoSuchProcess { pid })?;
         let maps = process.maps()?;
         let (image, _vm_path, bias) = find_vm(&process, &maps)?;
         let version_sym = image
@@ -85,12 +89,23 @@ impl RubyTarget {
             .with_context(|| format!("finding the GC state of Ruby {version}"))?;
         Ok(Self {
             process,
+            start_ticks,
             version,
             layout,
             ec_access,
             global_symbols,
             gc,
         })
+    }
+
+    /// The same Ruby in `child`, a fork of this process that has not exec'd:
+    /// it has this process's memory layout.
+    pub fn forked(&self, child: Process, start_ticks: u64) -> Self {
+        Self {
+            process: child,
+            start_ticks,
+            ..self.clone()
+        }
     }
 
     /// Whether the dynamic linker has finished with the VM (a just-started
@@ -144,6 +159,7 @@ impl RubyTarget {
             }
         };
         types::rprof_proc {
+            start_ticks: self.start_ticks,
             ec_addr,
             tls_module,
             ec_access: ec_access.0,

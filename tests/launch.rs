@@ -47,7 +47,7 @@ fn a_command_killed_by_a_signal_gives_128_plus_the_signal() {
     let (output, folded) = launch("kill", &[], &[]);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(128 + 9), "{stderr}");
-    assert!(burned(&folded) > 150, "{stderr}");
+    assert!(burned(&folded) > 150, "{stderr}{:#?}", folded.stacks);
 }
 
 #[test]

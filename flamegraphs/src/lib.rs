@@ -25,6 +25,8 @@ use serde::{Deserialize, Serialize};
 /// What a frame stands for; decides nothing but how it is shown.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum FrameKind {
+    /// A process, at the root of its stacks (under its parent's).
+    Process,
     /// A thread, at the root of its stacks.
     Thread,
     /// Code with a source location (a Ruby method, block, ...).
@@ -47,6 +49,9 @@ pub struct Frame {
 }
 
 impl Frame {
+    pub fn process(name: impl Into<String>) -> Self {
+        Self::named(FrameKind::Process, name)
+    }
     pub fn thread(name: impl Into<String>) -> Self {
         Self::named(FrameKind::Thread, name)
     }

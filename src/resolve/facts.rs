@@ -140,6 +140,39 @@ impl<T> Facts<T> {
         });
     }
 
+    /// What a process forked at GC time `at` knows: readings made before
+    /// `at` (so before the fork; one made at `at` may have seen this
+    /// process's objects allocated after it), as of then: the child's memory
+    /// was a copy of this one's, and its GC history this one's, until then.
+    pub fn forked(&self, at: GcTime) -> Self
+    where
+        T: Clone,
+    {
+        let committed = self
+            .committed
+            .iter()
+            .filter_map(|(&addr, readings)| {
+                let kept: Vec<Entry<T>> = readings
+                    .iter()
+                    .filter(|e| e.stamp.first < at)
+                    .map(|e| Entry {
+                        value: e.value.clone(),
+                        stamp: Stamp {
+                            last: e.stamp.last.min(at),
+                            ..e.stamp
+                        },
+                        serial: e.serial,
+                    })
+                    .collect();
+                (!kept.is_empty()).then_some((addr, kept))
+            })
+            .collect();
+        Self {
+            committed,
+            pending: HashMap::new(),
+        }
+    }
+
     pub fn serials(&self) -> impl Iterator<Item = u64> + '_ {
         self.committed.values().flatten().map(|e| e.serial)
     }
@@ -291,5 +324,28 @@ mod tests {
         assert!(f.get(0x3000, edge, None, &log).is_none());
         let log = log_of(&[(4, 1), (5, 1)]);
         assert!(f.get(0x3000, edge, None, &log).is_some());
+    }
+
+    #[test]
+    fn a_fork_keeps_only_what_was_read_before_it() {
+        let mut f = Facts::default();
+        f.read(0x1000, "before", Stamp::read_at(after_marking(3), true), 1);
+        f.read(0x2000, "same period", Stamp::read_at(after_marking(4), false), 2);
+        f.commit();
+        let log = log_of(&[(2, 0), (3, 0), (4, 0), (5, 0)]);
+        f.tick(after_marking(5), &log);
+        let child = f.forked(after_marking(4));
+        assert_eq!(child.len(), 1);
+        // Known in the child up to the fork, not beyond what its own GCs say.
+        let child_log = log_of(&[(2, 0), (3, 0), (4, 0)]);
+        assert!(child
+            .get(0x1000, SampleTime::at(after_marking(4)), None, &child_log)
+            .is_some());
+        assert!(child
+            .get(0x1000, SampleTime::at(after_marking(5)), None, &child_log)
+            .is_none());
+        assert!(child
+            .get(0x2000, SampleTime::at(after_marking(4)), None, &child_log)
+            .is_none());
     }
 }

@@ -76,6 +76,15 @@ impl Memory {
         }
     }
 
+    /// The same reader for another process with this one's layout (a fork).
+    pub fn for_process(&self, process: Process) -> Self {
+        Self {
+            process,
+            layout: self.layout.clone(),
+            global_symbols: self.global_symbols,
+        }
+    }
+
     pub fn layout(&self) -> &Layout {
         &self.layout
     }

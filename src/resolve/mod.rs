@@ -121,6 +121,38 @@ impl Resolver {
         resolver
     }
 
+    /// The resolver of `child`, forked from this process at GC time `at`:
+    /// the child's memory is a copy of this one's then, so what held then
+    /// holds for the child, and this process's GC history up to then is
+    /// the child's. Its first samples may come before rprof hears of it.
+    pub fn forked(&self, child: Process, at: GcTime) -> Self {
+        let mut resolver = Self {
+            memory: self.memory.for_process(child),
+            clock: self.clock,
+            process: child,
+            log: self.log.forked(at.count()),
+            iseqs: self.iseqs.forked(at),
+            methods: self.methods.forked(at),
+            classes: self.classes.forked(at),
+            lines: HashMap::new(),
+            pending_lines: Vec::new(),
+            names: self.names.clone(),
+            pending_names: Vec::new(),
+            serial: self.serial,
+            now: None,
+            ticked_at: GcTime(0),
+        };
+        let live: std::collections::HashSet<u64> = resolver.iseqs.serials().collect();
+        resolver.lines = self
+            .lines
+            .iter()
+            .filter(|((serial, _), _)| live.contains(serial))
+            .map(|(&k, &v)| (k, v))
+            .collect();
+        resolver.tick();
+        resolver
+    }
+
     fn read_clock(&mut self) -> Option<Reading> {
         let r = self.clock?.read(&self.process)?;
         self.log.note(&r);

@@ -363,18 +363,21 @@ pub fn record_starved(pid: u32, args: &[&str]) -> Run {
 
 /// `record` run through `wrapper` (a command that runs its arguments).
 fn record_via(wrapper: &[&str], pid: u32, args: &[&str], env: &[(&str, &str)]) -> Run {
+    let pid_s = pid.to_string();
+    let mut all = vec!["-p", &pid_s];
+    all.extend_from_slice(args);
+    run_record(wrapper, &all, env)
+}
+
+/// `rprof record --format folded -o TMP ARGS...`, the targets in ARGS.
+pub fn record_args(args: &[&str]) -> Run {
+    run_record(&[], args, &[])
+}
+
+fn run_record(wrapper: &[&str], args: &[&str], env: &[(&str, &str)]) -> Run {
     let dir = tempfile::tempdir().expect("tempdir");
     let out = dir.path().join("out.folded");
-    let pid_s = pid.to_string();
-    let mut all = vec![
-        "record",
-        "-p",
-        &pid_s,
-        "--format",
-        "folded",
-        "-o",
-        out.to_str().expect("utf8"),
-    ];
+    let mut all = vec!["record", "--format", "folded", "-o", out.to_str().expect("utf8")];
     all.extend_from_slice(args);
     let mut cmd = match wrapper.split_first() {
         Some((prog, wrapper_args)) => {

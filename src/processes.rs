@@ -1,0 +1,273 @@
+//! The processes a recording follows, each named by its identity (PID and
+//! start time): those given with `-p` or started by rprof, and with
+//! `--subprocesses` every process they fork, at any depth, as BPF reports
+//! forks, execs and exits in the order the kernel made them. A forked child
+//! shares its parent's memory layout until it execs, so it is profiled from
+//! its first instruction with its parent's recipe; after an exec the new
+//! program is inspected once its Ruby VM is up. An ended process is
+//! forgotten, so following many short-lived processes keeps memory flat.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+
+use crate::bpf::{types, Probe};
+use crate::gc_time::GcTime;
+use crate::process::Process;
+use crate::resolve::Resolver;
+use crate::target::RubyTarget;
+
+/// How long after an exec rprof keeps looking for a Ruby VM in the new
+/// program (the dynamic loader maps libruby after the exec; `bundle exec`
+/// and shell wrappers take longer).
+const INSPECT_FOR: Duration = Duration::from_secs(10);
+
+/// A process: a PID is reused only by a process started later.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ProcessId {
+    pub pid: u32,
+    pub start_ticks: u64,
+}
+
+/// A followed process's Ruby: where its VM is, and what names its frames.
+pub struct Ruby {
+    pub target: RubyTarget,
+    pub resolver: Resolver,
+}
+
+pub struct Followed {
+    pub id: ProcessId,
+    /// Process frames of its followed ancestors, root first.
+    lineage: Vec<String>,
+    /// Its own process frame, made at its first sample (workers rename
+    /// themselves after the fork).
+    label: Option<String>,
+    /// None: not (yet) a Ruby rprof can read.
+    pub ruby: Option<Ruby>,
+    /// After an exec: when to stop looking for its Ruby VM.
+    inspect_until: Option<Instant>,
+}
+
+impl Followed {
+    /// The process frames of this process, root first: `process PID:"command line"`.
+    pub fn frames(&mut self) -> Vec<String> {
+        let own = self.label.get_or_insert_with(|| label(self.id.pid)).clone();
+        let mut frames = self.lineage.clone();
+        frames.push(own);
+        frames
+    }
+}
+
+fn label(pid: u32) -> String {
+    format!("process {pid}:\"{}\"", Process { pid }.command_line())
+}
+
+/// What happened to the followed processes, for the summary.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Counts {
+    /// Processes with a readable Ruby.
+    pub profiled: u64,
+    /// Processes followed (forks included).
+    pub followed: u64,
+    /// Followed processes that ended.
+    pub ended: u64,
+}
+
+pub struct Processes {
+    live: HashMap<u32, Followed>,
+    force_version: Option<String>,
+    pub counts: Counts,
+}
+
+impl Processes {
+    pub fn new(force_version: Option<String>) -> Self {
+        Self {
+            live: HashMap::new(),
+            force_version,
+            counts: Counts::default(),
+        }
+    }
+
+    /// Profiles `target` (given with -p or started by rprof); with `follow`,
+    /// its forks too.
+    pub fn add_root(&mut self, probe: &mut Probe, target: RubyTarget, follow: bool) -> Result<()> {
+        let id = ProcessId {
+            pid: target.process.pid,
+            start_ticks: target.start_ticks,
+        };
+        if follow {
+            probe.follow(id.pid, id.start_ticks)?;
+        }
+        self.counts.followed += 1;
+        // Created before its first sample: its first reading of the GC clock
+        // lets it prove that no GC came between the first samples and their naming.
+        let resolver = Resolver::new(&target);
+        self.start_profiling(probe, id, Vec::new(), Ruby { target, resolver })
+    }
+
+    /// Follows `id` (not a readable Ruby, or not yet): its forks are followed,
+    /// and its samples wait for an exec into a Ruby.
+    pub fn add_followed_root(&mut self, probe: &mut Probe, id: ProcessId) -> Result<()> {
+        probe.follow(id.pid, id.start_ticks)?;
+        self.counts.followed += 1;
+        self.live.insert(
+            id.pid,
+            Followed {
+                id,
+                lineage: Vec::new(),
+                label: None,
+                ruby: None,
+                inspect_until: Some(Instant::now() + INSPECT_FOR),
+            },
+        );
+        Ok(())
+    }
+
+    fn start_profiling(
+        &mut self,
+        probe: &mut Probe,
+        id: ProcessId,
+        lineage: Vec<String>,
+        ruby: Ruby,
+    ) -> Result<()> {
+        let target = &ruby.target;
+        probe.set_threads(id.pid, &target.ruby_threads().unwrap_or_default())?;
+        probe.add_process(id.pid, &target.recipe())?;
+        self.counts.profiled += 1;
+        let label = self.live.get(&id.pid).and_then(|f| f.label.clone());
+        self.live.insert(
+            id.pid,
+            Followed {
+                id,
+                lineage,
+                label,
+                ruby: Some(ruby),
+                inspect_until: None,
+            },
+        );
+        Ok(())
+    }
+
+    /// The followed process a sample of (`pid`, `start_ticks`) came from.
+    pub fn get(&mut self, pid: u32, start_ticks: u64) -> Option<&mut Followed> {
+        self.live
+            .get_mut(&pid)
+            .filter(|f| f.id.start_ticks == start_ticks)
+    }
+
+    pub fn all(&mut self) -> impl Iterator<Item = &mut Followed> {
+        self.live.values_mut()
+    }
+
+    /// A fork, exec or exit reported by BPF. `on_exit` gets an ending
+    /// process before it is forgotten.
+    pub fn on_event(
+        &mut self,
+        probe: &mut Probe,
+        e: &types::rprof_process_event,
+        mut on_exit: impl FnMut(&mut Followed),
+    ) -> Result<()> {
+        let id = ProcessId {
+            pid: e.pid,
+            start_ticks: e.start_ticks,
+        };
+        let change = types::rprof_process_change(e.change as _);
+        if change == types::rprof_process_change::RPROF_PROCESS_FORK {
+            self.counts.followed += 1;
+            // A child of a process rprof started itself is a root.
+            let parent = self.get(e.parent, e.parent_start_ticks);
+            let lineage = parent.map(|p| p.frames()).unwrap_or_default();
+            let parent = self.get(e.parent, e.parent_start_ticks);
+            match parent.and_then(|p| p.ruby.as_ref()) {
+                Some(parent) => {
+                    // BPF gave it the parent's recipe already; what rprof
+                    // knew of the parent's memory at the fork holds for it.
+                    let child = Process { pid: id.pid };
+                    let target = parent.target.forked(child, id.start_ticks);
+                    let resolver = if e.gc_time != 0 {
+                        parent.resolver.forked(child, GcTime(e.gc_time))
+                    } else {
+                        Resolver::new(&target)
+                    };
+                    self.start_profiling(probe, id, lineage, Ruby { target, resolver })?;
+                }
+                None => {
+                    self.live.insert(
+                        id.pid,
+                        Followed {
+                            id,
+                            lineage,
+                            label: None,
+                            ruby: None,
+                            inspect_until: None,
+                        },
+                    );
+                }
+            }
+        } else if change == types::rprof_process_change::RPROF_PROCESS_EXEC {
+            if let Some(f) = self.get(id.pid, id.start_ticks) {
+                // BPF dropped its recipe; the new program may be a Ruby.
+                f.ruby = None;
+                f.label = None;
+                f.inspect_until = Some(Instant::now() + INSPECT_FOR);
+            }
+        } else if change == types::rprof_process_change::RPROF_PROCESS_EXIT {
+            if let Some(f) = self.get(id.pid, id.start_ticks) {
+                on_exit(f);
+                self.counts.ended += 1;
+                let _ = probe.set_threads(id.pid, &[]);
+                self.live.remove(&id.pid);
+            }
+        }
+        Ok(())
+    }
+
+    /// Looks for the Ruby VM of processes that exec'd, until it is up or
+    /// their time runs out.
+    pub fn inspect_pending(&mut self, probe: &mut Probe) -> Result<()> {
+        let now = Instant::now();
+        let pending: Vec<(ProcessId, Vec<String>)> = self
+            .live
+            .values_mut()
+            .filter(|f| f.inspect_until.is_some())
+            .filter_map(|f| {
+                if f.inspect_until.is_some_and(|t| now > t) {
+                    f.inspect_until = None; // not a Ruby rprof can read
+                    return None;
+                }
+                Some((f.id, f.lineage.clone()))
+            })
+            .collect();
+        for (id, lineage) in pending {
+            let Ok(target) = RubyTarget::inspect(id.pid, self.force_version.as_deref()) else {
+                continue;
+            };
+            if target.start_ticks == id.start_ticks && target.ready() {
+                let resolver = Resolver::new(&target);
+                self.start_profiling(probe, id, lineage, Ruby { target, resolver })?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Refreshes the thread lists BPF needs for Rubies without a thread-local EC.
+    pub fn refresh_threads(&mut self, probe: &mut Probe) -> Result<()> {
+        for f in self.live.values() {
+            if let Some(ruby) = &f.ruby {
+                // Threads come and go; a dead process's list is simply not read.
+                if let Ok(threads) = ruby.target.ruby_threads() {
+                    probe.set_threads(f.id.pid, &threads)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether any followed process still runs. (Ended ones stay until
+    /// BPF reports their exit, or the recording ends: their last records
+    /// are named with what is known of them.)
+    pub fn any_alive(&self) -> bool {
+        self.live.values().any(|f| Process { pid: f.id.pid }.is_alive())
+    }
+}

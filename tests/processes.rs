@@ -1,0 +1,122 @@
+//! Following processes: several `-p`, and `--subprocesses`, where every
+//! process a target forks is followed from its first instruction, named by
+//! its own PID, and never mixed with another.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use common::{attach, label, Ruby, Run};
+
+const CHILDREN: [&str; 3] = ["alpha", "beta", "gamma"];
+
+/// Runs forks.rb MODE under `rprof record -p PARENT --subprocesses ARGS`:
+/// rprof attaches, then the script forks its three children; rprof ends when
+/// they and the parent have. Returns the run and each child's PID.
+fn record_forks(mode: &str, args: &[&str]) -> (Run, u32, BTreeMap<String, u32>) {
+    let mut target = Ruby::host().spawn("forks.rb", &[mode]);
+    let mut all = vec!["--subprocesses"];
+    all.extend_from_slice(args);
+    let rprof = attach(target.pid, &all);
+    // SAFETY: kill only sends a signal.
+    unsafe { libc::kill(target.pid as libc::pid_t, libc::SIGUSR1) };
+    let forked = target.wait_line("forked", Duration::from_secs(30));
+    let children = forked
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.parse().expect("a pid")))
+        .collect();
+    let run = rprof.finish();
+    assert!(run.success, "{}", run.stderr);
+    (run, target.pid, children)
+}
+
+/// The child method in a stack, if any; and panics if there are two.
+fn child_of(stack: &[String]) -> Option<&'static str> {
+    let found: Vec<&'static str> = CHILDREN
+        .into_iter()
+        .filter(|c| stack.iter().any(|f| label(f) == format!("Object#child_{c}")))
+        .collect();
+    assert!(found.len() <= 1, "a stack mixes children: {stack:?}");
+    found.first().copied()
+}
+
+#[test]
+fn forked_children_are_followed_and_each_is_under_its_own_process() {
+    let (run, parent, children) = record_forks("cpu", &["-F", "499", "--processes"]);
+    let mut per_child = BTreeMap::new();
+    for (stack, n) in &run.folded.stacks {
+        let Some(child) = child_of(stack) else { continue };
+        let pid = children[child];
+        assert!(
+            stack[0].starts_with(&format!("process {parent}:\"")),
+            "{child}'s stack not under its parent: {stack:?}"
+        );
+        assert!(
+            stack[1].starts_with(&format!("process {pid}:\"")),
+            "{child}'s stack not under its own PID {pid}: {stack:?}"
+        );
+        *per_child.entry(child).or_insert(0) += n;
+    }
+    // 0.8 s of CPU each at 499 Hz, on 2 CPUs shared by 3 children.
+    for c in CHILDREN {
+        let n = per_child.get(c).copied().unwrap_or(0);
+        assert!(n >= 100, "{c}: {n} samples ({per_child:?}): {}", run.stderr);
+    }
+    assert!(
+        run.stderr.contains("4 processes followed, 4 profiled, 4 ended"),
+        "{}",
+        run.stderr
+    );
+}
+
+#[test]
+fn syscall_mode_counts_every_childs_calls_exactly() {
+    let (run, _, _) = record_forks("getpid", &["syscall", "enter_getpid"]);
+    let mut per_child = BTreeMap::new();
+    for (stack, n) in &run.folded.stacks {
+        if let Some(child) = child_of(stack) {
+            *per_child.entry(child).or_insert(0) += n;
+        }
+    }
+    let want: BTreeMap<&str, u64> = [("alpha", 1000), ("beta", 2000), ("gamma", 3000)].into();
+    assert_eq!(per_child, want, "{}", run.stderr);
+}
+
+#[test]
+fn without_subprocesses_only_the_given_process_is_recorded() {
+    let mut target = Ruby::host().spawn("forks.rb", &["cpu"]);
+    let rprof = attach(target.pid, &["-F", "499"]);
+    // SAFETY: kill only sends a signal.
+    unsafe { libc::kill(target.pid as libc::pid_t, libc::SIGUSR1) };
+    target.wait_line("forked", Duration::from_secs(30));
+    let run = rprof.finish();
+    assert!(run.success, "{}", run.stderr);
+    assert!(
+        run.folded.stacks.iter().all(|(s, _)| child_of(s).is_none()),
+        "{:?}",
+        run.folded.stacks
+    );
+}
+
+#[test]
+fn several_processes_in_one_profile() {
+    let a = Ruby::host().spawn("short.rb", &["30"]);
+    let b = Ruby::host().spawn("short.rb", &["30"]);
+    let (pa, pb) = (a.pid.to_string(), b.pid.to_string());
+    let run = common::record_args(&["-p", &pa, "-p", &pb, "--processes", "-d", "1", "-F", "499"]);
+    assert!(run.success, "{}", run.stderr);
+    for pid in [&pa, &pb] {
+        let n: u64 = run
+            .folded
+            .stacks
+            .iter()
+            .filter(|(s, _)| s[0].starts_with(&format!("process {pid}:\"")))
+            .filter(|(s, _)| s.iter().any(|f| label(f) == "Object#burn"))
+            .map(|(_, n)| n)
+            .sum();
+        assert!(n > 100, "process {pid}: {n} samples: {}", run.stderr);
+    }
+}
