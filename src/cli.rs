@@ -40,6 +40,11 @@ pub struct RecordArgs {
     #[arg(long, global = true)]
     pub subprocesses: bool,
 
+    /// Split the profile by thread: a frame per thread (`name [tid]`, or the
+    /// Ruby thread of an M:N thread), under its process's.
+    #[arg(long, global = true)]
+    pub threads: bool,
+
     /// Split the profile by process: a root frame per process
     /// (`process PID:"command line"`), each under its parent's.
     #[arg(long, global = true)]

@@ -7,7 +7,7 @@ pub enum UserError {
     #[error("no process with PID {pid}: check the PID (ps -e | grep ruby)")]
     NoSuchProcess { pid: u32 },
 
-    #[error("process {pid} ({exe}) is not a Ruby process: no mapped file defines ruby_version; point -p at a ruby process")]
+    #[error("process {pid} ({exe}) is not a Ruby process: no mapped file defines ruby_version; point -p at a ruby process, or add --subprocesses to follow the Ruby processes it starts")]
     NotRuby { pid: u32, exe: String },
 
     #[error("{0}")]

@@ -97,6 +97,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 as_root: args.root,
                 subprocesses: args.subprocesses,
                 processes: args.processes,
+                threads: args.threads,
             })?;
             Ok(status.map_or(ExitCode::SUCCESS, |s| ExitCode::from(launch::exit_code(s))))
         }

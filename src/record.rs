@@ -10,7 +10,7 @@ use std::process::{Child, ExitStatus};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use flamegraphs::{Frame, Profile, SvgOptions};
+use flamegraphs::{Frame, FrameKind, Profile, SvgOptions};
 use serde::{Deserialize, Serialize};
 
 use crate::bpf::{types, Probe, Record, Sample, Stats};
@@ -56,6 +56,8 @@ pub struct RecordConfig {
     pub subprocesses: bool,
     /// A root frame per process (`process PID:"command line"`), under its parent's.
     pub processes: bool,
+    /// A frame per thread, under its process's.
+    pub threads: bool,
 }
 
 /// A recording as saved with `--format rprof`, re-rendered by `rprof report`.
@@ -99,7 +101,7 @@ pub fn record(cfg: RecordConfig) -> Result<Option<ExitStatus>> {
         EventSpec::Cpu { .. } => vec!["cpu".to_string()],
         EventSpec::Syscalls(names) => names.clone(),
     };
-    let mut collector = Collector::new(event_names.clone(), cfg.processes);
+    let mut collector = Collector::new(event_names.clone(), cfg.processes, cfg.threads);
     let mut child = None;
     let mut roots = Vec::new();
     match &cfg.target {
@@ -314,6 +316,8 @@ struct Collector {
     events: Vec<String>,
     /// A root frame per process.
     process_frames: bool,
+    /// A frame per thread.
+    thread_frames: bool,
     /// Resolved stacks by hash, with the generation they were last used in
     /// and whether a frame in them is unknown.
     stacks: HashMap<u64, (Vec<Frame>, u64, bool)>,
@@ -334,10 +338,11 @@ struct Collector {
 }
 
 impl Collector {
-    fn new(events: Vec<String>, process_frames: bool) -> Self {
+    fn new(events: Vec<String>, process_frames: bool, thread_frames: bool) -> Self {
         Self {
             events,
             process_frames,
+            thread_frames,
             stacks: HashMap::new(),
             generation: 0,
             profile: Profile::default(),
@@ -432,7 +437,7 @@ impl Collector {
         }
     }
 
-    /// Root first: thread, [truncated], Ruby frames, then the traced event;
+    /// Root first: processes, thread, [truncated], Ruby frames, then the traced event;
     /// and why frames could not be named.
     fn build_stack(&mut self, s: &Sample, f: &mut Followed) -> (Vec<Frame>, Vec<Unknown>) {
         let h = &s.header;
@@ -447,11 +452,13 @@ impl Collector {
         };
         let resolver = &mut ruby.resolver;
         // An M:N Ruby thread moves between native threads: name it, not them.
-        stack.push(Frame::thread(if h.ruby_thread != 0 {
-            resolver.ruby_thread(h.ruby_thread)
-        } else {
-            format!("{} [{}]", String::from_utf8_lossy(&comm), h.tid)
-        }));
+        if self.thread_frames {
+            stack.push(Frame::thread(if h.ruby_thread != 0 {
+                resolver.ruby_thread(h.ruby_thread)
+            } else {
+                format!("{} [{}]", String::from_utf8_lossy(&comm), h.tid)
+            }));
+        }
         if s.has(types::rprof_sample_flags::RPROF_SAMPLE_READ_FAILED) {
             stack.push(Frame::marker("[failed to read the Ruby stack]"));
         } else if s.has(types::rprof_sample_flags::RPROF_SAMPLE_FOREIGN_EC) {
@@ -482,6 +489,10 @@ impl Collector {
                     }
                 }
             }
+        }
+        // A thread running no Ruby: without its thread frame, say so.
+        if !self.thread_frames && s.frames.is_empty() && !stack.iter().any(|f| f.kind == FrameKind::Marker) {
+            stack.push(Frame::marker("[no Ruby frames]"));
         }
         if h.event > 0 {
             let name = self

@@ -2,7 +2,9 @@
 //! layout, how a thread reaches its own `ruby_current_ec`, and where the
 //! symbol table that names C methods lives. The result is a recipe for BPF.
 
+use std::cell::Cell;
 use std::collections::BTreeMap;
+use std::rc::Rc;
 
 use anyhow::{Context, Result};
 use ruby_structs::{Layout, RubyVersion};
@@ -37,8 +39,8 @@ pub struct RubyTarget {
     pub version: RubyVersion,
     pub layout: Layout,
     pub ec_access: EcAccess,
-    /// Address of `ruby_global_symbols`, to name C methods; None if not found.
-    pub global_symbols: Option<u64>,
+    /// Where `ruby_global_symbols` is, to name C methods.
+    pub global_symbols: GlobalSymbols,
     /// Where the GC keeps its clock; None until the VM has been set up.
     pub gc: Option<GcClock>,
 }
@@ -379,35 +381,78 @@ fn find_ec_access(
     anyhow::bail!("found neither the ruby_current_ec symbol nor code that reads it")
 }
 
-/// `ruby_global_symbols`: by name, or through the code of `rb_id2str`, checked
-/// by reading it: `last_id` must be a plausible count and `ids` an Array.
-fn find_global_symbols(process: &Process, image: &ElfImage, bias: u64, layout: &Layout) -> Option<u64> {
-    if let Some(sym) = image.symbol("ruby_global_symbols") {
-        return Some(bias + sym.value);
-    }
-    let id2str = image.symbol("rb_id2str")?;
-    let mut funcs = vec![id2str.value];
-    let mut candidates = Vec::new();
-    let mut seen = Vec::new();
-    while let Some(func) = funcs.pop() {
-        if seen.contains(&func) || seen.len() > 6 {
-            continue;
+/// Where `ruby_global_symbols` (the table that names IDs, so C methods) is:
+/// by name, or among the addresses the code of `rb_id2str` uses, the one whose
+/// contents look like that table. A just-started Ruby may not have filled it
+/// yet, so until one candidate passes, they are checked again when a name is
+/// needed.
+#[derive(Debug, Clone)]
+pub struct GlobalSymbols {
+    found: Cell<Option<u64>>,
+    candidates: Rc<[u64]>,
+}
+
+impl GlobalSymbols {
+    pub fn base(&self, process: &Process, layout: &Layout) -> Option<u64> {
+        if let Some(base) = self.found.get() {
+            return Some(base);
         }
-        seen.push(func);
-        let code = image.bytes_at(func, 512)?;
-        candidates.extend(disasm::rip_relative_data(&code, func, 96));
-        if seen.len() < 3 {
-            funcs.extend(disasm::branch_targets(&code, func, 12).into_iter().rev());
-        }
+        let base = self
+            .candidates
+            .iter()
+            .copied()
+            .find(|&base| is_symbol_table(process, base, layout))?;
+        self.found.set(Some(base));
+        Some(base)
     }
-    candidates.into_iter().find_map(|addr| {
-        let base = (bias + addr).checked_sub(layout.symbols.last_id as u64)?;
+}
+
+fn is_symbol_table(process: &Process, base: u64, layout: &Layout) -> bool {
+    let check = || -> Option<bool> {
         let last_id = process.read_u32(base + layout.symbols.last_id as u64).ok()?;
         let ids = process.read_u64(base + layout.symbols.ids as u64).ok()?;
         if !(100..100_000_000).contains(&last_id) || ids == 0 || ids & 7 != 0 {
-            return None;
+            return Some(false);
         }
         let flags = process.read_u64(ids).ok()?;
-        (flags & layout.value.type_mask == layout.value.t_array).then_some(base)
-    })
+        Some(flags & layout.value.type_mask == layout.value.t_array)
+    };
+    check().unwrap_or(false)
+}
+
+fn find_global_symbols(process: &Process, image: &ElfImage, bias: u64, layout: &Layout) -> GlobalSymbols {
+    if let Some(sym) = image.symbol("ruby_global_symbols") {
+        return GlobalSymbols {
+            found: Cell::new(Some(bias + sym.value)),
+            candidates: Rc::from([]),
+        };
+    }
+    let mut candidates = Vec::new();
+    if let Some(id2str) = image.symbol("rb_id2str") {
+        let mut funcs = vec![id2str.value];
+        let mut seen = Vec::new();
+        while let Some(func) = funcs.pop() {
+            if seen.contains(&func) || seen.len() > 6 {
+                continue;
+            }
+            seen.push(func);
+            let Some(code) = image.bytes_at(func, 512) else {
+                continue;
+            };
+            candidates.extend(disasm::rip_relative_data(&code, func, 96));
+            if seen.len() < 3 {
+                funcs.extend(disasm::branch_targets(&code, func, 12).into_iter().rev());
+            }
+        }
+    }
+    let candidates: Rc<[u64]> = candidates
+        .into_iter()
+        .filter_map(|addr| (bias + addr).checked_sub(layout.symbols.last_id as u64))
+        .collect();
+    let symbols = GlobalSymbols {
+        found: Cell::new(None),
+        candidates,
+    };
+    symbols.base(process, layout);
+    symbols
 }

@@ -5,9 +5,11 @@
 mod common;
 
 use std::collections::BTreeMap;
+use std::io::Write;
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{attach, label, Ruby, Run};
+use common::{attach, attach_merged, label, Ruby, Run, Target};
 
 const CHILDREN: [&str; 3] = ["alpha", "beta", "gamma"];
 
@@ -18,7 +20,12 @@ fn record_forks(mode: &str, args: &[&str]) -> (Run, u32, BTreeMap<String, u32>) 
     let mut target = Ruby::host().spawn("forks.rb", &[mode]);
     let mut all = vec!["--subprocesses"];
     all.extend_from_slice(args);
-    let rprof = attach(target.pid, &all);
+    let rprof = if all.contains(&"--merged") {
+        all.retain(|a| *a != "--merged");
+        attach_merged(target.pid, &all)
+    } else {
+        attach(target.pid, &all)
+    };
     // SAFETY: kill only sends a signal.
     unsafe { libc::kill(target.pid as libc::pid_t, libc::SIGUSR1) };
     let forked = target.wait_line("forked", Duration::from_secs(30));
@@ -43,11 +50,30 @@ fn child_of(stack: &[String]) -> Option<&'static str> {
     found.first().copied()
 }
 
+/// Samples per child method.
+fn per_child(run: &Run) -> BTreeMap<&'static str, u64> {
+    let mut per_child = BTreeMap::new();
+    for (stack, n) in &run.folded.stacks {
+        if let Some(child) = child_of(stack) {
+            *per_child.entry(child).or_insert(0) += n;
+        }
+    }
+    per_child
+}
+
+/// Each child burned 0.8 s of CPU, sampled at 499 Hz on 2 CPUs shared by 3.
+fn assert_every_child_sampled(run: &Run) {
+    let per_child = per_child(run);
+    for c in CHILDREN {
+        let n = per_child.get(c).copied().unwrap_or(0);
+        assert!(n >= 100, "{c}: {n} samples ({per_child:?}): {}", run.stderr);
+    }
+}
+
 #[test]
 fn forked_children_are_followed_and_each_is_under_its_own_process() {
     let (run, parent, children) = record_forks("cpu", &["-F", "499", "--processes"]);
-    let mut per_child = BTreeMap::new();
-    for (stack, n) in &run.folded.stacks {
+    for (stack, _) in &run.folded.stacks {
         let Some(child) = child_of(stack) else { continue };
         let pid = children[child];
         assert!(
@@ -58,13 +84,8 @@ fn forked_children_are_followed_and_each_is_under_its_own_process() {
             stack[1].starts_with(&format!("process {pid}:\"")),
             "{child}'s stack not under its own PID {pid}: {stack:?}"
         );
-        *per_child.entry(child).or_insert(0) += n;
     }
-    // 0.8 s of CPU each at 499 Hz, on 2 CPUs shared by 3 children.
-    for c in CHILDREN {
-        let n = per_child.get(c).copied().unwrap_or(0);
-        assert!(n >= 100, "{c}: {n} samples ({per_child:?}): {}", run.stderr);
-    }
+    assert_every_child_sampled(&run);
     assert!(
         run.stderr.contains("4 processes followed, 4 profiled, 4 ended"),
         "{}",
@@ -75,12 +96,7 @@ fn forked_children_are_followed_and_each_is_under_its_own_process() {
 #[test]
 fn syscall_mode_counts_every_childs_calls_exactly() {
     let (run, _, _) = record_forks("getpid", &["syscall", "enter_getpid"]);
-    let mut per_child = BTreeMap::new();
-    for (stack, n) in &run.folded.stacks {
-        if let Some(child) = child_of(stack) {
-            *per_child.entry(child).or_insert(0) += n;
-        }
-    }
+    let per_child = per_child(&run);
     let want: BTreeMap<&str, u64> = [("alpha", 1000), ("beta", 2000), ("gamma", 3000)].into();
     assert_eq!(per_child, want, "{}", run.stderr);
 }
@@ -119,4 +135,82 @@ fn several_processes_in_one_profile() {
             .sum();
         assert!(n > 100, "process {pid}: {n} samples: {}", run.stderr);
     }
+}
+
+#[test]
+fn a_shell_master_is_followed_and_the_ruby_it_starts_is_profiled() {
+    // A shell that, once told, starts a Ruby (fork, then exec) that forks three children.
+    let script = common::scripts_dir().join("forks.rb");
+    let mut shell = Target::start(
+        Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "echo ready; read go; ruby {} cpu now; echo done",
+                script.display()
+            ))
+            .stdin(Stdio::piped()),
+    );
+    let rprof = attach(shell.pid, &["--subprocesses", "--processes", "-F", "499"]);
+    let mut stdin = shell.child.stdin.take().expect("stdin");
+    stdin.write_all(b"go\n").expect("tell the shell");
+    let forked = shell.wait_line("forked", Duration::from_secs(30));
+    let run = rprof.finish();
+    assert!(run.success, "{}", run.stderr);
+    let children: BTreeMap<&str, &str> = forked
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|kv| kv.split_once('='))
+        .collect();
+    for (name, pid) in &children {
+        let n: u64 = run
+            .folded
+            .stacks
+            .iter()
+            .filter(|(s, _)| child_of(s) == Some(name))
+            .inspect(|(s, _)| {
+                // shell -> ruby -> child, each under its parent.
+                assert!(s[0].starts_with(&format!("process {}:\"sh", shell.pid)), "{s:?}");
+                assert!(s[2].starts_with(&format!("process {pid}:")), "{s:?}");
+            })
+            .map(|(_, n)| n)
+            .sum();
+        assert!(n >= 100, "{name}: {n} samples: {}", run.stderr);
+    }
+    // The shell, its Ruby, three children: all but the shell profiled.
+    assert!(
+        run.stderr.contains("5 processes followed, 4 profiled, 5 ended"),
+        "{}",
+        run.stderr
+    );
+}
+
+#[test]
+fn by_default_processes_and_threads_are_merged_into_one_wide_frame() {
+    // Three children, each its own process and thread, all forked from the
+    // same line: by default their stacks share that one root frame.
+    let (run, _, _) = record_forks("cpu", &["-F", "499", "--merged"]);
+    let roots: std::collections::BTreeSet<&str> = run
+        .folded
+        .stacks
+        .iter()
+        .filter(|(s, _)| child_of(s).is_some())
+        .map(|(s, _)| s[0].as_str())
+        .collect();
+    assert_eq!(roots.len(), 1, "{roots:?}");
+    let root = roots.iter().next().copied().unwrap_or_default();
+    assert!(root.starts_with("<main> ("), "{root}");
+}
+
+#[test]
+fn a_launched_shell_and_the_rubies_it_starts_are_followed() {
+    let script = common::scripts_dir().join("forks.rb");
+    let shell = format!("ruby {} cpu now; exit 4", script.display());
+    let run = common::record_args(&["--subprocesses", "-F", "499", "--", "sh", "-c", &shell]);
+    assert_eq!(run.code, Some(4), "{}", run.stderr);
+    assert_every_child_sampled(&run);
+    assert!(
+        run.stderr.contains("5 processes followed, 4 profiled, 5 ended"),
+        "{}",
+        run.stderr
+    );
 }

@@ -6,6 +6,7 @@
 use ruby_structs::Layout;
 
 use crate::process::Process;
+use crate::target::GlobalSymbols;
 
 /// Longest string read from the target (labels, paths).
 const MAX_STRING: u64 = 4096;
@@ -64,11 +65,11 @@ pub struct Header {
 pub struct Memory {
     process: Process,
     layout: Layout,
-    global_symbols: Option<u64>,
+    global_symbols: GlobalSymbols,
 }
 
 impl Memory {
-    pub fn new(process: Process, layout: Layout, global_symbols: Option<u64>) -> Self {
+    pub fn new(process: Process, layout: Layout, global_symbols: GlobalSymbols) -> Self {
         Self {
             process,
             layout,
@@ -81,7 +82,7 @@ impl Memory {
         Self {
             process,
             layout: self.layout.clone(),
-            global_symbols: self.global_symbols,
+            global_symbols: self.global_symbols.clone(),
         }
     }
 
@@ -398,7 +399,7 @@ impl Memory {
     /// the same symbol for the life of the process (IDs are never reused).
     pub fn id_name(&self, id: u64) -> Option<String> {
         let s = &self.layout.symbols;
-        let base = self.global_symbols?;
+        let base = self.global_symbols.base(&self.process, &self.layout)?;
         let serial = if id > s.last_op_id {
             id >> s.id_scope_shift
         } else {

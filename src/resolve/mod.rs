@@ -24,7 +24,7 @@ use ruby_structs::Layout;
 use crate::bpf::types;
 use crate::gc_time::{bracket, GcClock, GcTime, MajorLog, Reading, SampleTime};
 use crate::process::Process;
-use crate::target::RubyTarget;
+use crate::target::{GlobalSymbols, RubyTarget};
 use facts::{Facts, Stamp};
 use memory::{Class, Header, Iseq, Memory, MethodEntry};
 
@@ -89,7 +89,7 @@ impl Resolver {
         Self::with_layout(
             target.process,
             target.layout.clone(),
-            target.global_symbols,
+            target.global_symbols.clone(),
             target.gc,
         )
     }
@@ -97,7 +97,7 @@ impl Resolver {
     fn with_layout(
         process: Process,
         layout: Layout,
-        global_symbols: Option<u64>,
+        global_symbols: GlobalSymbols,
         clock: Option<GcClock>,
     ) -> Self {
         let mut resolver = Self {

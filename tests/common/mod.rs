@@ -292,6 +292,7 @@ pub struct Run {
     pub folded: Folded,
     pub stderr: String,
     pub success: bool,
+    pub code: Option<i32>,
 }
 
 impl Run {
@@ -377,7 +378,15 @@ pub fn record_args(args: &[&str]) -> Run {
 fn run_record(wrapper: &[&str], args: &[&str], env: &[(&str, &str)]) -> Run {
     let dir = tempfile::tempdir().expect("tempdir");
     let out = dir.path().join("out.folded");
-    let mut all = vec!["record", "--format", "folded", "-o", out.to_str().expect("utf8")];
+    // The tests look at each thread's stacks: a thread frame at their root.
+    let mut all = vec![
+        "record",
+        "--threads",
+        "--format",
+        "folded",
+        "-o",
+        out.to_str().expect("utf8"),
+    ];
     all.extend_from_slice(args);
     let mut cmd = match wrapper.split_first() {
         Some((prog, wrapper_args)) => {
@@ -401,6 +410,7 @@ fn run_record(wrapper: &[&str], args: &[&str], env: &[(&str, &str)]) -> Run {
         folded,
         stderr,
         success: output.status.success(),
+        code: output.status.code(),
     }
 }
 
@@ -414,6 +424,13 @@ pub struct Attached {
 }
 
 pub fn attach(pid: u32, args: &[&str]) -> Attached {
+    let mut all = vec!["--threads"];
+    all.extend_from_slice(args);
+    attach_merged(pid, &all)
+}
+
+/// `attach`, with rprof's default frames: threads merged.
+pub fn attach_merged(pid: u32, args: &[&str]) -> Attached {
     let dir = tempfile::tempdir().expect("tempdir");
     let out = dir.path().join("out.folded");
     let mut child = Command::new(RPROF)
@@ -455,6 +472,7 @@ impl Attached {
             folded,
             stderr,
             success: status.success(),
+            code: status.code(),
         }
     }
 }

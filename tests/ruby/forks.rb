@@ -1,5 +1,6 @@
 # Forks a child per method below once it gets SIGUSR1 (so that rprof can be
-# attached first), waits for them and exits. MODE (ARGV[0]):
+# attached first; at once with ARGV[1] "now"), waits for them and exits.
+# MODE (ARGV[0]):
 #   cpu:    each child burns CPU in its method for 0.8 s;
 #   getpid: the child of method i (0, 1, 2) calls Process.pid 1000 * (i + 1) times.
 # Prints "forked alpha=PID beta=PID gamma=PID" once all have been forked.
@@ -27,7 +28,7 @@ def child_gamma(n)
   job(n)
 end
 
-$go = false
+$go = ARGV[1] == "now"
 trap("USR1") { $go = true }
 $stdout.puts "ready"
 $stdout.flush
