@@ -4,12 +4,20 @@
 CARGO ?= cargo
 APT_PACKAGES = clang llvm libelf-dev zlib1g-dev pkg-config make gcc ruby ruby-dev \
                debootstrap util-linux clang-format
+# What only the tests use: real servers under load.
+TEST_PACKAGES = puma ruby-rack wrk
 RPROF = target/release/rprof
 
-.PHONY: deps tracefs build demo test lint bench clean-cache
+.PHONY: deps test-deps apt tracefs build demo test lint bench clean-cache
 
 deps:
-	@missing=$$(for p in $(APT_PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'ok installed' || echo $$p; done); \
+	@$(MAKE) --no-print-directory apt PACKAGES="$(APT_PACKAGES)"
+
+test-deps:
+	@$(MAKE) --no-print-directory apt PACKAGES="$(TEST_PACKAGES)"
+
+apt:
+	@missing=$$(for p in $(PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'ok installed' || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
 		echo "make: installing $$missing"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
@@ -26,7 +34,7 @@ demo: build
 	$(RPROF) record -F 499 -o rprof-demo.svg -- ruby demo/app.rb 5
 	@echo "make: open $$(pwd)/rprof-demo.svg in a browser"
 
-test: deps tracefs lint
+test: deps test-deps tracefs lint
 	scripts/setup-rubies.sh all
 	$(CARGO) build --release --locked
 	$(CARGO) test --release --locked --workspace -- --test-threads=1

@@ -186,6 +186,38 @@ impl Process {
     }
 }
 
+/// The processes running under `root` now (children, grandchildren...),
+/// parents before their children, each with its parent: from the parent PID
+/// in every /proc/PID/stat.
+pub fn descendants(root: u32) -> Vec<(u32, u32)> {
+    let mut children: std::collections::HashMap<u32, Vec<u32>> = std::collections::HashMap::new();
+    for entry in fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        // Field 4, the parent, follows the state after the command name.
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<u32>().ok());
+        if let Some(ppid) = ppid {
+            children.entry(ppid).or_default().push(pid);
+        }
+    }
+    let mut out = Vec::new();
+    let mut queue = std::collections::VecDeque::from([root]);
+    while let Some(parent) = queue.pop_front() {
+        for &child in children.get(&parent).into_iter().flatten() {
+            out.push((child, parent));
+            queue.push_back(child);
+        }
+    }
+    out
+}
+
 fn parse_maps_line(line: &str) -> Option<Mapping> {
     let mut it = line.splitn(6, ' ');
     let range = it.next()?;

@@ -78,7 +78,12 @@ pub struct Processes {
     live: HashMap<u32, Followed>,
     force_version: Option<String>,
     pub counts: Counts,
+    /// When processes waiting for their Ruby were last looked at.
+    inspected: Instant,
 }
+
+/// How often processes waiting for their Ruby VM are looked at.
+const INSPECT_EVERY: Duration = Duration::from_millis(20);
 
 impl Processes {
     pub fn new(force_version: Option<String>) -> Self {
@@ -86,6 +91,7 @@ impl Processes {
             live: HashMap::new(),
             force_version,
             counts: Counts::default(),
+            inspected: Instant::now(),
         }
     }
 
@@ -104,6 +110,49 @@ impl Processes {
         // lets it prove that no GC came between the first samples and their naming.
         let resolver = Resolver::new(&target);
         self.start_profiling(probe, id, Vec::new(), Ruby { target, resolver })
+    }
+
+    /// Follows the processes already running under `root` (a cluster's
+    /// workers when rprof attaches to its master). Called after `root` is
+    /// followed: a process forked meanwhile is also reported by BPF, and
+    /// counted once.
+    pub fn adopt_descendants(&mut self, probe: &mut Probe, root: u32) -> Result<()> {
+        for (pid, parent) in crate::process::descendants(root) {
+            let process = Process { pid };
+            let Some(start_ticks) = process.start_ticks() else {
+                continue;
+            };
+            let id = ProcessId { pid, start_ticks };
+            if self.live.get(&pid).is_some_and(|f| f.id == id) {
+                continue;
+            }
+            let lineage = match self.live.get_mut(&parent) {
+                Some(p) => p.frames(),
+                None => continue, // its parent ended meanwhile: so did it, or it was re-parented
+            };
+            probe.follow(pid, start_ticks)?;
+            self.counts.followed += 1;
+            match RubyTarget::inspect(pid, self.force_version.as_deref()) {
+                Ok(target) if target.ready() && target.start_ticks == start_ticks => {
+                    let resolver = Resolver::new(&target);
+                    self.start_profiling(probe, id, lineage, Ruby { target, resolver })?;
+                }
+                // Not a Ruby, or one still starting: looked at again for a while.
+                _ => {
+                    self.live.insert(
+                        pid,
+                        Followed {
+                            id,
+                            lineage,
+                            label: None,
+                            ruby: None,
+                            inspect_until: Some(Instant::now() + INSPECT_FOR),
+                        },
+                    );
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Follows `id` (not a readable Ruby, or not yet): its forks are followed,
@@ -174,6 +223,9 @@ impl Processes {
         };
         let change = types::rprof_process_change(e.change as _);
         if change == types::rprof_process_change::RPROF_PROCESS_FORK {
+            if self.get(id.pid, id.start_ticks).is_some() {
+                return Ok(()); // found running when the recording started
+            }
             self.counts.followed += 1;
             // A child of a process rprof started itself is a root.
             let parent = self.get(e.parent, e.parent_start_ticks);
@@ -227,6 +279,10 @@ impl Processes {
     /// their time runs out.
     pub fn inspect_pending(&mut self, probe: &mut Probe) -> Result<()> {
         let now = Instant::now();
+        if now < self.inspected + INSPECT_EVERY {
+            return Ok(());
+        }
+        self.inspected = now;
         let pending: Vec<(ProcessId, Vec<String>)> = self
             .live
             .values_mut()

@@ -109,6 +109,11 @@ pub fn record(cfg: RecordConfig) -> Result<Option<ExitStatus>> {
             for &pid in pids {
                 roots.push(add_root(&mut probe, &mut processes, pid, &cfg)?);
             }
+            if cfg.subprocesses {
+                for &pid in pids {
+                    processes.adopt_descendants(&mut probe, pid)?;
+                }
+            }
         }
         Target::Command(argv) if cfg.subprocesses => {
             // Follow rprof's own forks while it starts the command, so the
