@@ -33,8 +33,7 @@ fn handled_by_process(run: &common::Run) -> BTreeMap<String, u64> {
         }
         let worker = stack
             .iter()
-            .filter(|f| f.starts_with("process "))
-            .last()
+            .rfind(|f| f.starts_with("process "))
             .and_then(|f| f.strip_prefix("process "))
             .and_then(|f| f.split(':').next())
             .unwrap_or("none")
