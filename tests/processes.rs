@@ -214,3 +214,59 @@ fn a_launched_shell_and_the_rubies_it_starts_are_followed() {
         run.stderr
     );
 }
+
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("rprof's status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .expect("VmRSS")
+}
+
+#[test]
+fn a_storm_of_2000_short_lived_children_each_under_its_own_identity_in_flat_memory() {
+    let mut storm = Ruby::host().spawn("storm.rb", &["2000", "10"]);
+    let rprof = attach(storm.pid, &["--subprocesses", "--processes", "-F", "499"]);
+    // SAFETY: kill only sends a signal.
+    unsafe { libc::kill(storm.pid as libc::pid_t, libc::SIGUSR1) };
+    storm.wait_line("progress 100", Duration::from_secs(60));
+    let early = rss_kib(rprof.child.id());
+    let line = storm.wait_line("children", Duration::from_secs(300));
+    let late = rss_kib(rprof.child.id());
+    let run = rprof.finish();
+    assert!(run.success, "{}", run.stderr);
+    let children: std::collections::BTreeSet<&str> = line["children ".len()..].split(',').collect();
+    assert_eq!(children.len(), 2000);
+    let mut sampled = BTreeMap::new();
+    for (stack, n) in &run.folded.stacks {
+        if !stack.iter().any(|f| label(f) == "Object#storm_child") {
+            continue;
+        }
+        // The innermost process frame: the child itself, never another.
+        let pid = stack
+            .iter()
+            .rfind(|f| f.starts_with("process "))
+            .and_then(|f| f["process ".len()..].split(':').next())
+            .unwrap_or("none");
+        assert!(children.contains(pid), "storm_child under {pid}: {stack:?}");
+        *sampled.entry(pid.to_string()).or_insert(0u64) += n;
+    }
+    // 50 ms of CPU each at 499 Hz: about 25 samples a child.
+    assert!(
+        sampled.len() >= 1980,
+        "{} of 2000 children sampled: {}",
+        sampled.len(),
+        run.stderr
+    );
+    assert!(
+        late * 10 <= early * 11,
+        "rprof's RSS grew from {early} KiB after 100 children to {late} KiB after 2000"
+    );
+    eprintln!(
+        "{} of 2000 children sampled; rprof RSS {early} KiB after 100, {late} KiB after 2000; {}",
+        sampled.len(),
+        run.stderr.trim()
+    );
+}
