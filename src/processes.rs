@@ -324,6 +324,10 @@ impl Processes {
     /// BPF reports their exit, or the recording ends: their last records
     /// are named with what is known of them.)
     pub fn any_alive(&self) -> bool {
-        self.live.values().any(|f| Process { pid: f.id.pid }.is_alive())
+        self.live.values().any(|f| {
+            let p = Process { pid: f.id.pid };
+            // Its PID alone may be another process's by now.
+            p.is_alive() && p.start_ticks() == Some(f.id.start_ticks)
+        })
     }
 }

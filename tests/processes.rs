@@ -270,3 +270,46 @@ fn a_storm_of_2000_short_lived_children_each_under_its_own_identity_in_flat_memo
         run.stderr.trim()
     );
 }
+
+/// Starts named.rb NAME with PID `pid`, which must be free: the kernel gives
+/// the next fork the PID after `ns_last_pid` (root may set it).
+fn start_with_pid(name: &str, pid: u32) -> Option<Target> {
+    for _ in 0..20 {
+        std::fs::write("/proc/sys/kernel/ns_last_pid", (pid - 1).to_string()).ok()?;
+        let target = Target::start(&mut Ruby::host().command("named.rb", &[name, "30"]));
+        if target.pid == pid {
+            return Some(target);
+        }
+    }
+    None
+}
+
+#[test]
+fn a_reused_pid_is_another_process_whose_samples_never_join_the_old_ones() {
+    let a = Ruby::host().spawn("named.rb", &["alpha", "30"]);
+    let c = Ruby::host().spawn("named.rb", &["gamma", "30"]);
+    let (pa, pc) = (a.pid.to_string(), c.pid.to_string());
+    let rprof = attach(a.pid, &["-p", &pc, "-F", "499", "-d", "3"]);
+    // alpha ends (and is reaped); a new process gets its PID and runs beta.
+    std::thread::sleep(Duration::from_millis(1000));
+    let reused = a.pid;
+    drop(a);
+    let b = start_with_pid("beta", reused).expect("the old PID for the new process");
+    let run = rprof.finish();
+    drop(b);
+    assert!(run.success, "{}", run.stderr);
+    let count = |name: &str| run.folded.count(|f| label(f) == format!("Object#burn_{name}"));
+    assert!(count("alpha") > 100, "{}", run.stderr);
+    assert!(count("gamma") > 300, "{}", run.stderr);
+    assert_eq!(
+        count("beta"),
+        0,
+        "process {pa}'s PID reused: {:?}",
+        run.folded.stacks
+    );
+    assert!(
+        run.stderr.contains("reused a target's PID, ignored"),
+        "{}",
+        run.stderr
+    );
+}
