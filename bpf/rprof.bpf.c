@@ -533,8 +533,13 @@ static __always_inline int on_event(__u32 event)
 	__u64 tp, ec = 0;
 
 	p = bpf_map_lookup_elem(&procs, &tgid);
-	if (!p)
+	if (!p) {
+		/* Followed, but not a Ruby rprof reads (yet: an exec'd program
+		 * before its VM is up and inspected). */
+		if (bpf_map_lookup_elem(&followed, &tgid))
+			stat_inc(RPROF_STAT_NOT_PROFILED);
 		return 0;
+	}
 	task = bpf_get_current_task_btf();
 	/* A PID reused before userspace heard of the exit is another process. */
 	if (start_ticks(task->group_leader) != p->start_ticks) {

@@ -195,6 +195,7 @@ enum rprof_stat {
 	RPROF_STAT_VERIFIED,	  /* events whose EC was checked to be this thread's */
 	RPROF_STAT_OTHER_PROCESS, /* events of a process that reused a target's PID */
 	RPROF_STAT_PROCESS_LOST,  /* process events the full ring buffer refused */
+	RPROF_STAT_NOT_PROFILED,  /* events of followed processes without a recipe (yet) */
 	RPROF_STAT_MAX,
 };
 

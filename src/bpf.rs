@@ -72,6 +72,8 @@ pub struct Stats {
     pub other_process: u64,
     /// Forks, execs and exits the full ring buffer refused.
     pub process_lost: u64,
+    /// Events of followed processes without a recipe (not Ruby, or not yet).
+    pub not_profiled: u64,
 }
 
 pub struct Probe {
@@ -379,6 +381,7 @@ impl Probe {
             verified: read(types::rprof_stat::RPROF_STAT_VERIFIED)?,
             other_process: read(types::rprof_stat::RPROF_STAT_OTHER_PROCESS)?,
             process_lost: read(types::rprof_stat::RPROF_STAT_PROCESS_LOST)?,
+            not_profiled: read(types::rprof_stat::RPROF_STAT_NOT_PROFILED)?,
         })
     }
 

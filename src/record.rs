@@ -573,6 +573,12 @@ fn print_summary(
             n.followed, n.profiled, n.ended
         ));
     }
+    if stats.not_profiled > 0 {
+        notes.push(format!(
+            "{} in followed processes not profiled (not Ruby, or before their Ruby was up)",
+            stats.not_profiled
+        ));
+    }
     if stats.other_process > 0 {
         notes.push(format!(
             "{} of processes that reused a target's PID, ignored",
