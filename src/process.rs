@@ -33,14 +33,17 @@ impl Process {
         Ok(Self { pid })
     }
 
-    pub fn is_alive(&self) -> bool {
-        // A zombie keeps its /proc entry but has no memory left to read.
-        match fs::read_to_string(format!("/proc/{}/stat", self.pid)) {
-            Ok(stat) => !stat
-                .rsplit_once(')')
-                .is_some_and(|(_, rest)| rest.trim_start().starts_with(['Z', 'X'])),
-            Err(_) => false,
-        }
+    /// Whether this PID is still the process that started at `start_ticks`
+    /// (see `start_ticks`) and still runs: a zombie keeps its /proc entry
+    /// but has no memory left to read. One read of /proc/PID/stat.
+    pub fn is_alive_since(&self, start_ticks: u64) -> bool {
+        let Ok(stat) = fs::read_to_string(format!("/proc/{}/stat", self.pid)) else {
+            return false;
+        };
+        let Some((_, rest)) = stat.rsplit_once(')') else {
+            return false;
+        };
+        !rest.trim_start().starts_with(['Z', 'X']) && parse_start_ticks(rest) == Some(start_ticks)
     }
 
     pub fn maps(&self) -> Result<Vec<Mapping>> {
@@ -66,8 +69,7 @@ impl Process {
     /// ticks): with the PID, its identity, as a PID is only reused later.
     pub fn start_ticks(&self) -> Option<u64> {
         let stat = fs::read_to_string(format!("/proc/{}/stat", self.pid)).ok()?;
-        // Field 22; fields 3 on follow the command name's closing parenthesis.
-        stat.rsplit_once(')')?.1.split_whitespace().nth(19)?.parse().ok()
+        parse_start_ticks(stat.rsplit_once(')')?.1)
     }
 
     /// The command line, arguments joined by spaces (empty for a zombie).
@@ -186,6 +188,12 @@ impl Process {
     }
 }
 
+/// Field 22 of /proc/PID/stat, from what follows the command name's closing
+/// parenthesis (field 3 on).
+fn parse_start_ticks(after_comm: &str) -> Option<u64> {
+    after_comm.split_whitespace().nth(19)?.parse().ok()
+}
+
 /// The processes running under `root` now (children, grandchildren...),
 /// parents before their children, each with its parent: from the parent PID
 /// in every /proc/PID/stat.
@@ -267,9 +275,9 @@ mod tests {
         ])
         .expect("readable");
         assert_eq!((u64::from_le_bytes(a), u32::from_le_bytes(b)), (value, other));
-        assert!(me.is_alive());
         let ticks = me.start_ticks().expect("our own start");
-        assert!(ticks > 0 && ticks == me.start_ticks().unwrap_or(0));
+        assert!(ticks > 0 && me.is_alive_since(ticks));
+        assert!(!me.is_alive_since(ticks + 1));
         assert!(!me.command_line().is_empty());
         assert!(matches!(Process::open(0), Err(UserError::NoSuchProcess { .. })));
     }

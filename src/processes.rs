@@ -50,6 +50,18 @@ pub struct Followed {
 }
 
 impl Followed {
+    /// A followed process that is not a Ruby rprof reads; with `inspect`, it
+    /// is looked at for a while in case it is one still starting.
+    fn waiting(id: ProcessId, lineage: Vec<String>, inspect: bool) -> Self {
+        Self {
+            id,
+            lineage,
+            label: None,
+            ruby: None,
+            inspect_until: inspect.then(|| Instant::now() + INSPECT_FOR),
+        }
+    }
+
     /// The process frames of this process, root first: `process PID:"command line"`.
     pub fn frames(&mut self) -> Vec<String> {
         let own = self.label.get_or_insert_with(|| label(self.id.pid)).clone();
@@ -139,16 +151,7 @@ impl Processes {
                 }
                 // Not a Ruby, or one still starting: looked at again for a while.
                 _ => {
-                    self.live.insert(
-                        pid,
-                        Followed {
-                            id,
-                            lineage,
-                            label: None,
-                            ruby: None,
-                            inspect_until: Some(Instant::now() + INSPECT_FOR),
-                        },
-                    );
+                    self.live.insert(pid, Followed::waiting(id, lineage, true));
                 }
             }
         }
@@ -160,16 +163,7 @@ impl Processes {
     pub fn add_followed_root(&mut self, probe: &mut Probe, id: ProcessId) -> Result<()> {
         probe.follow(id.pid, id.start_ticks)?;
         self.counts.followed += 1;
-        self.live.insert(
-            id.pid,
-            Followed {
-                id,
-                lineage: Vec::new(),
-                label: None,
-                ruby: None,
-                inspect_until: Some(Instant::now() + INSPECT_FOR),
-            },
-        );
+        self.live.insert(id.pid, Followed::waiting(id, Vec::new(), true));
         Ok(())
     }
 
@@ -245,16 +239,7 @@ impl Processes {
                     self.start_profiling(probe, id, lineage, Ruby { target, resolver })?;
                 }
                 None => {
-                    self.live.insert(
-                        id.pid,
-                        Followed {
-                            id,
-                            lineage,
-                            label: None,
-                            ruby: None,
-                            inspect_until: None,
-                        },
-                    );
+                    self.live.insert(id.pid, Followed::waiting(id, lineage, false));
                 }
             }
         } else if change == types::rprof_process_change::RPROF_PROCESS_EXEC {
@@ -324,10 +309,9 @@ impl Processes {
     /// BPF reports their exit, or the recording ends: their last records
     /// are named with what is known of them.)
     pub fn any_alive(&self) -> bool {
-        self.live.values().any(|f| {
-            let p = Process { pid: f.id.pid };
-            // Its PID alone may be another process's by now.
-            p.is_alive() && p.start_ticks() == Some(f.id.start_ticks)
-        })
+        // Its PID alone may be another process's by now.
+        self.live
+            .values()
+            .any(|f| Process { pid: f.id.pid }.is_alive_since(f.id.start_ticks))
     }
 }

@@ -251,11 +251,7 @@ fn a_storm_of_2000_short_lived_children_each_under_its_own_identity_in_flat_memo
             continue;
         }
         // The innermost process frame: the child itself, never another.
-        let pid = stack
-            .iter()
-            .rfind(|f| f.starts_with("process "))
-            .and_then(|f| f["process ".len()..].split(':').next())
-            .unwrap_or("none");
+        let pid = common::process_of(stack).unwrap_or("none");
         assert!(children.contains(pid), "storm_child under {pid}: {stack:?}");
         *sampled.entry(pid.to_string()).or_insert(0u64) += n;
     }

@@ -31,13 +31,7 @@ fn handled_by_process(run: &common::Run) -> BTreeMap<String, u64> {
         if !stack.iter().any(|f| label(f) == "HotApp#handle") {
             continue;
         }
-        let worker = stack
-            .iter()
-            .rfind(|f| f.starts_with("process "))
-            .and_then(|f| f.strip_prefix("process "))
-            .and_then(|f| f.split(':').next())
-            .unwrap_or("none")
-            .to_string();
+        let worker = common::process_of(stack).unwrap_or("none").to_string();
         *by.entry(worker).or_insert(0) += n;
     }
     by

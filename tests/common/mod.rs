@@ -317,6 +317,15 @@ impl Run {
     }
 }
 
+/// The PID of the innermost process frame of a stack (`process PID:"..."`):
+/// the process the sample came from, with --processes.
+pub fn process_of(stack: &[String]) -> Option<&str> {
+    stack
+        .iter()
+        .rfind(|f| f.starts_with("process "))
+        .and_then(|f| f["process ".len()..].split(':').next())
+}
+
 /// Runs `rprof record -p PID ARGS... --format folded -o TMP` and reads the result.
 pub fn record(pid: u32, args: &[&str]) -> Run {
     record_with_env(pid, args, &[])
