@@ -5,7 +5,7 @@ CARGO ?= cargo
 APT_PACKAGES = clang llvm libelf-dev zlib1g-dev pkg-config make gcc ruby ruby-dev \
                debootstrap util-linux clang-format
 # What only the tests use: real servers under load.
-TEST_PACKAGES = puma ruby-rack wrk
+TEST_PACKAGES = puma unicorn ruby-rack wrk
 RPROF = target/release/rprof
 
 .PHONY: deps test-deps apt tracefs build demo test lint bench clean-cache
@@ -48,6 +48,8 @@ bench: build
 	bench/overhead
 	bench/syscall-storm
 	bench/sample-cost
+	bench/cluster
+	bench/forks
 
 clean-cache:
 	rm -rf /var/cache/rprof

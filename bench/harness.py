@@ -1,5 +1,6 @@
 """Shared by rprof's benchmarks: start a Ruby workload that waits for "go",
 attach a profiler to it, let it run, and read what it reports."""
+import json
 import os
 import signal
 import statistics
@@ -98,9 +99,8 @@ class BpfStats:
             f.write(self.old)
 
     @staticmethod
-    def read(pid, prog_type):
-        """(nanoseconds, runs) of `pid`'s BPF programs of `prog_type`."""
-        ns = runs = 0
+    def _programs(pid):
+        """The fdinfo of each BPF program `pid` holds, as a dict."""
         fd_dir = f"/proc/{pid}/fdinfo"
         for fd in os.listdir(fd_dir):
             try:
@@ -108,7 +108,27 @@ class BpfStats:
                     info = dict(l.split(":", 1) for l in f.read().splitlines() if ":" in l)
             except OSError:
                 continue
-            if info.get("prog_type", "").strip() == str(prog_type):
+            if "prog_id" in info:
+                yield {k: v.strip() for k, v in info.items()}
+
+    @staticmethod
+    def by_program(pid):
+        """{program name: (nanoseconds, runs)} of `pid`'s BPF programs (names from bpftool)."""
+        out = {}
+        for info in BpfStats._programs(pid):
+            shown = subprocess.run(["bpftool", "prog", "show", "id", info["prog_id"], "--json"],
+                                   capture_output=True, text=True, check=True).stdout
+            name = json.loads(shown)["name"]
+            ns, runs = out.get(name, (0, 0))
+            out[name] = (ns + int(info.get("run_time_ns", "0")), runs + int(info.get("run_cnt", "0")))
+        return out
+
+    @staticmethod
+    def read(pid, prog_type):
+        """(nanoseconds, runs) of `pid`'s BPF programs of `prog_type`."""
+        ns = runs = 0
+        for info in BpfStats._programs(pid):
+            if info.get("prog_type") == str(prog_type):
                 ns += int(info.get("run_time_ns", "0"))
                 runs += int(info.get("run_cnt", "0"))
         return ns, runs

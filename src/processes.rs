@@ -47,6 +47,10 @@ pub struct Followed {
     pub ruby: Option<Ruby>,
     /// After an exec: when to stop looking for its Ruby VM.
     inspect_until: Option<Instant>,
+    /// Found ended by the last `sweep_ended`.
+    ended_at_sweep: bool,
+    /// Counted as profiled (once, whatever it execs).
+    profiled: bool,
 }
 
 impl Followed {
@@ -59,6 +63,8 @@ impl Followed {
             label: None,
             ruby: None,
             inspect_until: inspect.then(|| Instant::now() + INSPECT_FOR),
+            ended_at_sweep: false,
+            profiled: false,
         }
     }
 
@@ -90,6 +96,8 @@ pub struct Processes {
     live: HashMap<u32, Followed>,
     force_version: Option<String>,
     pub counts: Counts,
+    /// The Ruby versions of every process profiled, ended ones included.
+    pub ruby_versions: std::collections::BTreeSet<String>,
     /// When processes waiting for their Ruby were last looked at.
     inspected: Instant,
 }
@@ -103,6 +111,7 @@ impl Processes {
             live: HashMap::new(),
             force_version,
             counts: Counts::default(),
+            ruby_versions: Default::default(),
             inspected: Instant::now(),
         }
     }
@@ -177,8 +186,12 @@ impl Processes {
         let target = &ruby.target;
         probe.set_threads(id.pid, &target.ruby_threads().unwrap_or_default())?;
         probe.add_process(id.pid, &target.recipe())?;
-        self.counts.profiled += 1;
-        let label = self.live.get(&id.pid).and_then(|f| f.label.clone());
+        self.ruby_versions.insert(target.version.to_string());
+        let known = self.live.get(&id.pid).filter(|f| f.id == id);
+        if !known.is_some_and(|f| f.profiled) {
+            self.counts.profiled += 1;
+        }
+        let label = known.and_then(|f| f.label.clone());
         self.live.insert(
             id.pid,
             Followed {
@@ -187,6 +200,8 @@ impl Processes {
                 label,
                 ruby: Some(ruby),
                 inspect_until: None,
+                ended_at_sweep: false,
+                profiled: true,
             },
         );
         Ok(())
@@ -209,7 +224,7 @@ impl Processes {
         &mut self,
         probe: &mut Probe,
         e: &types::rprof_process_event,
-        mut on_exit: impl FnMut(&mut Followed),
+        on_exit: impl FnMut(&mut Followed),
     ) -> Result<()> {
         let id = ProcessId {
             pid: e.pid,
@@ -225,6 +240,11 @@ impl Processes {
             let parent = self.get(e.parent, e.parent_start_ticks);
             let lineage = parent.map(|p| p.frames()).unwrap_or_default();
             let parent = self.get(e.parent, e.parent_start_ticks);
+            // A child forked by a program that exec'd and is still starting
+            // (Puma's master after USR2) may be its Ruby, once that is up.
+            let parent_starting = parent
+                .as_ref()
+                .is_some_and(|p| p.ruby.is_none() && p.inspect_until.is_some());
             match parent.and_then(|p| p.ruby.as_ref()) {
                 Some(parent) => {
                     // BPF gave it the parent's recipe already; what rprof
@@ -239,7 +259,8 @@ impl Processes {
                     self.start_profiling(probe, id, lineage, Ruby { target, resolver })?;
                 }
                 None => {
-                    self.live.insert(id.pid, Followed::waiting(id, lineage, false));
+                    let waiting = Followed::waiting(id, lineage, parent_starting);
+                    self.live.insert(id.pid, waiting);
                 }
             }
         } else if change == types::rprof_process_change::RPROF_PROCESS_EXEC {
@@ -249,15 +270,38 @@ impl Processes {
                 f.label = None;
                 f.inspect_until = Some(Instant::now() + INSPECT_FOR);
             }
-        } else if change == types::rprof_process_change::RPROF_PROCESS_EXIT {
-            if let Some(f) = self.get(id.pid, id.start_ticks) {
-                on_exit(f);
-                self.counts.ended += 1;
-                let _ = probe.set_threads(id.pid, &[]);
-                self.live.remove(&id.pid);
-            }
+        } else if change == types::rprof_process_change::RPROF_PROCESS_EXIT
+            && self.get(id.pid, id.start_ticks).is_some()
+        {
+            self.forget(probe, id.pid, on_exit);
         }
         Ok(())
+    }
+
+    fn forget(&mut self, probe: &mut Probe, pid: u32, on_exit: impl FnOnce(&mut Followed)) {
+        if let Some(mut f) = self.live.remove(&pid) {
+            on_exit(&mut f);
+            self.counts.ended += 1;
+            let _ = probe.set_threads(pid, &[]);
+        }
+    }
+
+    /// Forgets processes that ended without their exit reaching rprof (its
+    /// record was lost to a full ring buffer; BPF forgot them already). Run
+    /// once an epoch: a process found ended at two sweeps in a row has had
+    /// every record it sent read.
+    pub fn sweep_ended(&mut self, probe: &mut Probe, mut on_exit: impl FnMut(&mut Followed)) {
+        let mut gone = Vec::new();
+        for f in self.live.values_mut() {
+            let ended = !Process { pid: f.id.pid }.is_alive_since(f.id.start_ticks);
+            if ended && f.ended_at_sweep {
+                gone.push(f.id.pid);
+            }
+            f.ended_at_sweep = ended;
+        }
+        for pid in gone {
+            self.forget(probe, pid, &mut on_exit);
+        }
     }
 
     /// Looks for the Ruby VM of processes that exec'd, until it is up or

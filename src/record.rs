@@ -197,6 +197,7 @@ pub fn record(cfg: RecordConfig) -> Result<Option<ExitStatus>> {
             }
             if epoch_started.elapsed() >= EPOCH {
                 collector.close_epoch(&mut probe, &mut processes, false)?;
+                processes.sweep_ended(&mut probe, |f| collector.flush(f));
                 processes.refresh_threads(&mut probe)?;
                 epoch_started = Instant::now();
             }
@@ -216,10 +217,7 @@ pub fn record(cfg: RecordConfig) -> Result<Option<ExitStatus>> {
         recording_error.get_or_insert(e);
     }
     let stats = probe.stats().unwrap_or_default();
-    let ruby_version = processes
-        .all()
-        .find_map(|f| f.ruby.as_ref().map(|r| r.target.version.to_string()))
-        .unwrap_or_default();
+    let ruby_version = Vec::from_iter(processes.ruby_versions.iter().cloned()).join(", ");
     for f in processes.all() {
         probe.remove_process(f.id.pid);
     }

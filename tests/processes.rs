@@ -26,8 +26,7 @@ fn record_forks(mode: &str, args: &[&str]) -> (Run, u32, BTreeMap<String, u32>) 
     } else {
         attach(target.pid, &all)
     };
-    // SAFETY: kill only sends a signal.
-    unsafe { libc::kill(target.pid as libc::pid_t, libc::SIGUSR1) };
+    common::signal(target.pid, libc::SIGUSR1);
     let forked = target.wait_line("forked", Duration::from_secs(30));
     let children = forked
         .split_whitespace()
@@ -105,8 +104,7 @@ fn syscall_mode_counts_every_childs_calls_exactly() {
 fn without_subprocesses_only_the_given_process_is_recorded() {
     let mut target = Ruby::host().spawn("forks.rb", &["cpu"]);
     let rprof = attach(target.pid, &["-F", "499"]);
-    // SAFETY: kill only sends a signal.
-    unsafe { libc::kill(target.pid as libc::pid_t, libc::SIGUSR1) };
+    common::signal(target.pid, libc::SIGUSR1);
     target.wait_line("forked", Duration::from_secs(30));
     let run = rprof.finish();
     assert!(run.success, "{}", run.stderr);
@@ -235,8 +233,7 @@ fn rss_kib(pid: u32) -> u64 {
 fn a_storm_of_2000_short_lived_children_each_under_its_own_identity_in_flat_memory() {
     let mut storm = Ruby::host().spawn("storm.rb", &["2000", "10"]);
     let rprof = attach(storm.pid, &["--subprocesses", "--processes", "-F", "499"]);
-    // SAFETY: kill only sends a signal.
-    unsafe { libc::kill(storm.pid as libc::pid_t, libc::SIGUSR1) };
+    common::signal(storm.pid, libc::SIGUSR1);
     storm.wait_line("progress 100", Duration::from_secs(60));
     let early = rss_kib(rprof.child.id());
     let line = storm.wait_line("children", Duration::from_secs(300));
@@ -311,6 +308,58 @@ fn a_reused_pid_is_another_process_whose_samples_never_join_the_old_ones() {
     );
     assert!(
         run.stderr.contains("reused a target's PID, ignored"),
+        "{}",
+        run.stderr
+    );
+}
+
+#[test]
+fn a_ruby_in_its_own_pid_and_mount_namespaces_is_followed_by_host_pid() {
+    // As in a container: Debian 13's Ruby in its own root, PID 1 of a new
+    // PID namespace, forking three children there.
+    let ruby = Ruby::named("3.3");
+    let root = ruby.root.clone().expect("a chroot Ruby");
+    let script = ruby.script_path("forks.rb");
+    let run = common::record_args(&[
+        "--subprocesses",
+        "--processes",
+        "-F",
+        "499",
+        "--",
+        "unshare",
+        "--pid",
+        "--mount",
+        "--fork",
+        "chroot",
+        root.to_str().expect("utf8"),
+        &ruby.exe,
+        &script,
+        "cpu",
+        "now",
+    ]);
+    assert!(run.success, "{}", run.stderr);
+    assert_every_child_sampled(&run);
+    let mut pids: BTreeMap<&str, std::collections::BTreeSet<&str>> = BTreeMap::new();
+    for (stack, _) in &run.folded.stacks {
+        let Some(child) = child_of(stack) else { continue };
+        // unshare -> the namespace's PID 1 (chroot, then ruby) -> the child.
+        assert!(
+            stack[0].starts_with("process ") && stack[0].contains(":\"unshare"),
+            "{stack:?}"
+        );
+        assert!(stack[1].contains("forks.rb cpu now"), "{stack:?}");
+        assert!(stack[2].starts_with("process "), "{stack:?}");
+        let parent = common::process_of(&stack[..2]).expect("a process frame");
+        assert_ne!(parent, "1", "named by its PID in the namespace: {stack:?}");
+        pids.entry(child)
+            .or_default()
+            .insert(common::process_of(&stack[..3]).expect("a pid"));
+    }
+    // Each child under one PID of its own.
+    let all: std::collections::BTreeSet<_> = pids.values().flatten().collect();
+    assert!(pids.values().all(|p| p.len() == 1) && all.len() == 3, "{pids:?}");
+    assert!(
+        run.stderr.contains("5 processes followed, 4 profiled, 5 ended"),
         "{}",
         run.stderr
     );

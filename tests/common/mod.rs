@@ -326,6 +326,12 @@ pub fn process_of(stack: &[String]) -> Option<&str> {
         .and_then(|f| f["process ".len()..].split(':').next())
 }
 
+/// Sends `sig` to `pid`.
+pub fn signal(pid: u32, sig: libc::c_int) {
+    // SAFETY: kill only sends a signal.
+    unsafe { libc::kill(pid as libc::pid_t, sig) };
+}
+
 /// Runs `rprof record -p PID ARGS... --format folded -o TMP` and reads the result.
 pub fn record(pid: u32, args: &[&str]) -> Run {
     record_with_env(pid, args, &[])
