@@ -619,7 +619,16 @@ static __always_inline void process_event(__u32 change, __u32 pid, __u64 start, 
 	    .gc_time = gc_time,
 	};
 
-	if (bpf_ringbuf_output(&samples, &e, sizeof(e), 0))
+	/* No wakeup: it costs the forking process an interrupt (most of this
+	 * program's time in a VM), and userspace reads the buffer every few ms
+	 * anyway; the records behind this one keep their order. Only a filling
+	 * buffer wakes it. */
+	__u64 flags = bpf_ringbuf_query(&samples, BPF_RB_AVAIL_DATA) >
+			      bpf_ringbuf_query(&samples, BPF_RB_RING_SIZE) / 8
+			  ? BPF_RB_FORCE_WAKEUP
+			  : BPF_RB_NO_WAKEUP;
+
+	if (bpf_ringbuf_output(&samples, &e, sizeof(e), flags))
 		stat_inc(RPROF_STAT_PROCESS_LOST);
 }
 
