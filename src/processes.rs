@@ -51,12 +51,14 @@ pub struct Followed {
     ended_at_sweep: bool,
     /// Counted as profiled (once, whatever it execs).
     profiled: bool,
+    /// 2 for the second process on this PID in the recording, and so on.
+    nth: u32,
 }
 
 impl Followed {
     /// A followed process that is not a Ruby rprof reads; with `inspect`, it
     /// is looked at for a while in case it is one still starting.
-    fn waiting(id: ProcessId, lineage: Vec<String>, inspect: bool) -> Self {
+    fn waiting(id: ProcessId, nth: u32, lineage: Vec<String>, inspect: bool) -> Self {
         Self {
             id,
             lineage,
@@ -65,20 +67,25 @@ impl Followed {
             inspect_until: inspect.then(|| Instant::now() + INSPECT_FOR),
             ended_at_sweep: false,
             profiled: false,
+            nth,
         }
     }
 
     /// The process frames of this process, root first: `process PID:"command line"`.
     pub fn frames(&mut self) -> Vec<String> {
-        let own = self.label.get_or_insert_with(|| label(self.id.pid)).clone();
+        let (pid, nth) = (self.id.pid, self.nth);
+        let own = self.label.get_or_insert_with(|| label(pid, nth)).clone();
         let mut frames = self.lineage.clone();
         frames.push(own);
         frames
     }
 }
 
-fn label(pid: u32) -> String {
-    format!("process {pid}:\"{}\"", Process { pid }.command_line())
+/// `process PID:"command line"`; `process PID#2:...` for the second process
+/// the recording meets on that PID, so that frames never merge two processes.
+fn label(pid: u32, nth: u32) -> String {
+    let again = if nth > 1 { format!("#{nth}") } else { String::new() };
+    format!("process {pid}{again}:\"{}\"", Process { pid }.command_line())
 }
 
 /// What happened to the followed processes, for the summary.
@@ -100,14 +107,21 @@ pub struct Processes {
     pub ruby_versions: std::collections::BTreeSet<String>,
     /// When processes waiting for their Ruby were last looked at.
     inspected: Instant,
+    /// With process frames: each PID met, with the start time of its latest
+    /// process and how many processes had it. (At most one entry per PID the
+    /// system has; the profile holds a frame per process anyway.)
+    pids: Option<HashMap<u32, (u64, u32)>>,
 }
 
 /// How often processes waiting for their Ruby VM are looked at.
 const INSPECT_EVERY: Duration = Duration::from_millis(20);
 
 impl Processes {
-    pub fn new(force_version: Option<String>) -> Self {
+    /// `process_frames`: name each process in a frame (and so tell apart
+    /// processes that had the same PID).
+    pub fn new(force_version: Option<String>, process_frames: bool) -> Self {
         Self {
+            pids: process_frames.then(HashMap::new),
             live: HashMap::new(),
             force_version,
             counts: Counts::default(),
@@ -160,7 +174,8 @@ impl Processes {
                 }
                 // Not a Ruby, or one still starting: looked at again for a while.
                 _ => {
-                    self.live.insert(pid, Followed::waiting(id, lineage, true));
+                    let nth = self.nth(id);
+                    self.live.insert(pid, Followed::waiting(id, nth, lineage, true));
                 }
             }
         }
@@ -172,8 +187,20 @@ impl Processes {
     pub fn add_followed_root(&mut self, probe: &mut Probe, id: ProcessId) -> Result<()> {
         probe.follow(id.pid, id.start_ticks)?;
         self.counts.followed += 1;
-        self.live.insert(id.pid, Followed::waiting(id, Vec::new(), true));
+        let nth = self.nth(id);
+        self.live
+            .insert(id.pid, Followed::waiting(id, nth, Vec::new(), true));
         Ok(())
+    }
+
+    /// Which process on its PID `id` is: 1 for the first the recording meets.
+    fn nth(&mut self, id: ProcessId) -> u32 {
+        let Some(pids) = &mut self.pids else { return 1 };
+        let seen = pids.entry(id.pid).or_insert((id.start_ticks, 1));
+        if seen.0 != id.start_ticks {
+            *seen = (id.start_ticks, seen.1 + 1);
+        }
+        seen.1
     }
 
     fn start_profiling(
@@ -192,6 +219,10 @@ impl Processes {
             self.counts.profiled += 1;
         }
         let label = known.and_then(|f| f.label.clone());
+        let nth = match known {
+            Some(f) => f.nth,
+            None => self.nth(id),
+        };
         self.live.insert(
             id.pid,
             Followed {
@@ -202,6 +233,7 @@ impl Processes {
                 inspect_until: None,
                 ended_at_sweep: false,
                 profiled: true,
+                nth,
             },
         );
         Ok(())
@@ -259,7 +291,8 @@ impl Processes {
                     self.start_profiling(probe, id, lineage, Ruby { target, resolver })?;
                 }
                 None => {
-                    let waiting = Followed::waiting(id, lineage, parent_starting);
+                    let nth = self.nth(id);
+                    let waiting = Followed::waiting(id, nth, lineage, parent_starting);
                     self.live.insert(id.pid, waiting);
                 }
             }

@@ -93,7 +93,7 @@ pub fn record(cfg: RecordConfig) -> Result<Option<ExitStatus>> {
 
     let mut probe = Probe::load()?;
     let signals = StopSignals::install()?;
-    let mut processes = Processes::new(cfg.force_version.clone());
+    let mut processes = Processes::new(cfg.force_version.clone(), cfg.processes);
     if cfg.subprocesses {
         probe.attach_process_tracking()?;
     }

@@ -364,3 +364,21 @@ fn a_ruby_in_its_own_pid_and_mount_namespaces_is_followed_by_host_pid() {
         run.stderr
     );
 }
+
+#[test]
+fn a_followed_process_on_a_pid_an_earlier_one_had_gets_a_frame_of_its_own() {
+    // alpha ends, then beta is forked on its PID: two processes, one PID.
+    let (run, parent, children) = record_forks("reuse", &["-F", "499", "--processes"]);
+    let pid = children["alpha"];
+    assert_eq!(children["beta"], pid, "beta was not forked on alpha's PID");
+    for (stack, _) in &run.folded.stacks {
+        let want = match child_of(stack) {
+            Some("alpha") => format!("process {pid}:\""),
+            Some("beta") => format!("process {pid}#2:\""),
+            _ => continue,
+        };
+        assert!(stack[0].starts_with(&format!("process {parent}:\"")), "{stack:?}");
+        assert!(stack[1].starts_with(&want), "{stack:?}");
+    }
+    assert_every_child_sampled(&run);
+}

@@ -2,12 +2,14 @@
 # attached first; at once with ARGV[1] "now"), waits for them and exits.
 # MODE (ARGV[0]):
 #   cpu:    each child burns CPU in its method for 0.8 s;
-#   getpid: the child of method i (0, 1, 2) calls Process.pid 1000 * (i + 1) times.
+#   getpid: the child of method i (0, 1, 2) calls Process.pid 1000 * (i + 1) times;
+#   reuse:  as cpu, but alpha is waited for first and beta forked on alpha's
+#           PID (root sets /proc/sys/kernel/ns_last_pid just before the fork).
 # Prints "forked alpha=PID beta=PID gamma=PID" once all have been forked.
 MODE = ARGV.fetch(0)
 
 def job(n)
-  if MODE == "cpu"
+  if MODE != "getpid"
     deadline = Process.clock_gettime(Process::CLOCK_MONOTONIC) + n
     i = 0
     i += 1 while Process.clock_gettime(Process::CLOCK_MONOTONIC) < deadline
@@ -33,11 +35,26 @@ trap("USR1") { $go = true }
 $stdout.puts "ready"
 $stdout.flush
 sleep 0.01 until $go
-pids = %w[alpha beta gamma].each_with_index.map do |name, i|
-  n = MODE == "cpu" ? 0.8 : 1000 * (i + 1)
-  pid = fork { send(:"child_#{name}", n) }
-  "#{name}=#{pid}"
+# Forks the child of `name` (on PID `on`, if given: tries until the kernel
+# hands it out; the children of failed tries exit at once).
+def child(name, n, on = nil)
+  100.times do
+    File.write("/proc/sys/kernel/ns_last_pid", (on - 1).to_s) if on
+    pid = fork { send(:"child_#{name}", n) if on.nil? || Process.pid == on }
+    return pid if on.nil? || pid == on
+    Process.wait(pid)
+  end
+  abort "could not fork #{name} on PID #{on}"
 end
+
+pids = {}
+%w[alpha beta gamma].each_with_index do |name, i|
+  n = MODE == "getpid" ? 1000 * (i + 1) : 0.8
+  on = pids["alpha"] if MODE == "reuse" && name == "beta"
+  Process.wait(pids["alpha"]) if on
+  pids[name] = child(name, n, on)
+end
+pids = pids.map { |name, pid| "#{name}=#{pid}" }
 $stdout.puts "forked #{pids.join(" ")}"
 $stdout.flush
 Process.waitall
