@@ -338,6 +338,9 @@ struct Collector {
     unfollowed: u64,
     /// Counts of closed epochs whose record still waits (see `close_epoch`).
     waiting_counts: HashMap<u64, u64>,
+    /// Tests: say on stderr when the first stack is named whole
+    /// (`RPROF_SAY_NAMED=1`), so that they can starve rprof from then on.
+    say_named: bool,
 }
 
 impl Collector {
@@ -355,6 +358,7 @@ impl Collector {
             deferred: Vec::new(),
             unfollowed: 0,
             waiting_counts: HashMap::new(),
+            say_named: std::env::var_os("RPROF_SAY_NAMED").is_some(),
         }
     }
 
@@ -429,6 +433,10 @@ impl Collector {
             if !unknown.is_empty() {
                 self.unknown_samples += n;
             }
+        }
+        if self.say_named && unknown.is_empty() {
+            eprintln!("rprof: named a whole stack");
+            self.say_named = false;
         }
         self.stacks
             .insert(s.header.hash, (stack, self.generation, !unknown.is_empty()));

@@ -339,7 +339,10 @@ pub fn record(pid: u32, args: &[&str]) -> Run {
 
 /// `record`, with extra environment variables for rprof.
 pub fn record_with_env(pid: u32, args: &[&str], env: &[(&str, &str)]) -> Run {
-    record_via(&[], pid, args, env)
+    let pid = pid.to_string();
+    let mut all = vec!["-p", &pid];
+    all.extend_from_slice(args);
+    run_record(&all, env)
 }
 
 /// Processes burning every CPU, as on a saturated production box, until dropped.
@@ -370,27 +373,35 @@ impl Drop for Busy {
     }
 }
 
-/// `record` on a saturated machine with rprof at the lowest CPU priority, so
-/// that it reads the target's memory late, often GCs after the samples.
+/// `record`, and once rprof records, the machine saturated and rprof put at
+/// the lowest CPU priority, so that it reads the target's memory late, often
+/// GCs after the samples. (Starved from its start, rprof reads its first
+/// records only after several GCs and cannot name what it has not read
+/// before them: README, "Code churn".)
 pub fn record_starved(pid: u32, args: &[&str]) -> Run {
+    let mut rprof = attach_with_env(pid, args, &[("RPROF_SAY_NAMED", "1")]);
+    rprof.wait_stderr("rprof: named a whole stack");
+    for task in std::fs::read_dir(format!("/proc/{}/task", rprof.child.id())).expect("rprof's threads") {
+        let tid: libc::id_t = task
+            .expect("a thread")
+            .file_name()
+            .to_str()
+            .and_then(|t| t.parse().ok())
+            .expect("a tid");
+        // SAFETY: changes only the scheduling priority of one of rprof's threads.
+        let rc = unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, 19) };
+        assert_eq!(rc, 0, "renice rprof's thread {tid}");
+    }
     let _busy = Busy::start();
-    record_via(&["nice", "-n", "19"], pid, args, &[])
-}
-
-/// `record` run through `wrapper` (a command that runs its arguments).
-fn record_via(wrapper: &[&str], pid: u32, args: &[&str], env: &[(&str, &str)]) -> Run {
-    let pid_s = pid.to_string();
-    let mut all = vec!["-p", &pid_s];
-    all.extend_from_slice(args);
-    run_record(wrapper, &all, env)
+    rprof.finish()
 }
 
 /// `rprof record --format folded -o TMP ARGS...`, the targets in ARGS.
 pub fn record_args(args: &[&str]) -> Run {
-    run_record(&[], args, &[])
+    run_record(args, &[])
 }
 
-fn run_record(wrapper: &[&str], args: &[&str], env: &[(&str, &str)]) -> Run {
+fn run_record(args: &[&str], env: &[(&str, &str)]) -> Run {
     let dir = tempfile::tempdir().expect("tempdir");
     let out = dir.path().join("out.folded");
     // The tests look at each thread's stacks: a thread frame at their root.
@@ -403,15 +414,7 @@ fn run_record(wrapper: &[&str], args: &[&str], env: &[(&str, &str)]) -> Run {
         out.to_str().expect("utf8"),
     ];
     all.extend_from_slice(args);
-    let mut cmd = match wrapper.split_first() {
-        Some((prog, wrapper_args)) => {
-            let mut c = Command::new(prog);
-            c.args(wrapper_args).arg(RPROF);
-            c
-        }
-        None => Command::new(RPROF),
-    };
-    let output = cmd
+    let output = Command::new(RPROF)
         .args(&all)
         .envs(env.iter().copied())
         .output()
@@ -439,19 +442,28 @@ pub struct Attached {
 }
 
 pub fn attach(pid: u32, args: &[&str]) -> Attached {
+    attach_with_env(pid, args, &[])
+}
+
+fn attach_with_env(pid: u32, args: &[&str], env: &[(&str, &str)]) -> Attached {
     let mut all = vec!["--threads"];
     all.extend_from_slice(args);
-    attach_merged(pid, &all)
+    attach_merged_with_env(pid, &all, env)
 }
 
 /// `attach`, with rprof's default frames: threads merged.
 pub fn attach_merged(pid: u32, args: &[&str]) -> Attached {
+    attach_merged_with_env(pid, args, &[])
+}
+
+fn attach_merged_with_env(pid: u32, args: &[&str], env: &[(&str, &str)]) -> Attached {
     let dir = tempfile::tempdir().expect("tempdir");
     let out = dir.path().join("out.folded");
     let mut child = Command::new(RPROF)
         .args(["record", "-p", &pid.to_string(), "--format", "folded", "-o"])
         .arg(&out)
         .args(args)
+        .envs(env.iter().copied())
         .stderr(Stdio::piped())
         .spawn()
         .expect("start rprof");
@@ -468,6 +480,16 @@ pub fn attach_merged(pid: u32, args: &[&str]) -> Attached {
 }
 
 impl Attached {
+    /// Waits for rprof to print a line starting with `prefix` on stderr.
+    pub fn wait_stderr(&mut self, prefix: &str) {
+        let mut line = String::new();
+        while !line.starts_with(prefix) {
+            line.clear();
+            let n = self.stderr.read_line(&mut line).expect("rprof's stderr");
+            assert!(n > 0, "rprof ended without printing {prefix:?}");
+        }
+    }
+
     /// Ctrl-C.
     pub fn interrupt(&self) {
         // SAFETY: sending SIGINT to a child we started.
