@@ -36,6 +36,8 @@ fn not_a_ruby_process() {
     let target = Target::start(Command::new("sh").args(["-c", "echo ready; exec sleep 600"]));
     let line = error_line(&rprof(&["record", "-p", &target.pid.to_string(), "-d", "1"]));
     assert!(line.contains("is not a Ruby process"), "{line}");
+    // A shell or supervisor that starts Rubies: the way to follow them.
+    assert!(line.contains("add --subprocesses"), "{line}");
 }
 
 /// A real process that looks like a Ruby rprof does not know: a C program
