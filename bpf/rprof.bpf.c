@@ -607,7 +607,7 @@ int on_tracepoint(void *ctx)
 }
 
 static __always_inline void process_event(__u32 change, __u32 pid, __u64 start, __u32 parent,
-					  __u64 parent_start, __u64 gc_time)
+					  __u64 parent_start, __u64 gc_time, __u32 inherited)
 {
 	struct rprof_process_event e = {
 	    .kind = RPROF_RECORD_PROCESS,
@@ -617,6 +617,7 @@ static __always_inline void process_event(__u32 change, __u32 pid, __u64 start, 
 	    .start_ticks = start,
 	    .parent_start_ticks = parent_start,
 	    .gc_time = gc_time,
+	    .inherited = inherited,
 	};
 
 	/* No wakeup: it costs the forking process an interrupt (most of this
@@ -665,7 +666,7 @@ int BPF_PROG(on_fork, struct task_struct *parent, struct task_struct *child)
 			gc_time = count * 2 +
 				  ((flags & RPROF_GC_MODE_MASK) == RPROF_GC_MODE_MARKING ? 0 : 1);
 	}
-	process_event(RPROF_PROCESS_FORK, ctgid, cf.start_ticks, ptgid, pstart, gc_time);
+	process_event(RPROF_PROCESS_FORK, ctgid, cf.start_ticks, ptgid, pstart, gc_time, !!p);
 	return 0;
 }
 
@@ -679,7 +680,7 @@ int BPF_PROG(on_exec, struct task_struct *task)
 	if (!f || f->start_ticks != start_ticks(task->group_leader))
 		return 0;
 	bpf_map_delete_elem(&procs, &tgid);
-	process_event(RPROF_PROCESS_EXEC, tgid, f->start_ticks, 0, 0, 0);
+	process_event(RPROF_PROCESS_EXEC, tgid, f->start_ticks, 0, 0, 0, 0);
 	return 0;
 }
 
@@ -700,6 +701,6 @@ int BPF_PROG(on_exit, struct task_struct *task)
 		return 0;
 	bpf_map_delete_elem(&followed, &tgid);
 	bpf_map_delete_elem(&procs, &tgid);
-	process_event(RPROF_PROCESS_EXIT, tgid, start, 0, 0, 0);
+	process_event(RPROF_PROCESS_EXIT, tgid, start, 0, 0, 0, 0);
 	return 0;
 }

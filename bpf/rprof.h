@@ -130,7 +130,7 @@ enum rprof_record_kind {
  * the ring buffer in the order the kernel made them, before any sample of
  * the process it names. */
 enum rprof_process_change {
-	RPROF_PROCESS_FORK = 1, /* `parent` forked `pid`, which inherited its recipe */
+	RPROF_PROCESS_FORK = 1, /* `parent` forked `pid` (which has its recipe, if it had one) */
 	RPROF_PROCESS_EXEC = 2, /* `pid` runs a new program: its recipe is gone */
 	RPROF_PROCESS_EXIT = 3, /* the last thread of `pid` ended */
 };
@@ -145,6 +145,9 @@ struct rprof_process_event {
 	/* FORK of a profiled parent: its GC time at the fork (the child starts
 	 * with the same heap at the same time), else 0. */
 	__u64 gc_time;
+	/* FORK: 1 if the child got its parent's recipe (the parent had one). */
+	__u32 inherited;
+	__u32 pad;
 };
 
 /* A process followed with --subprocesses (key: tgid): its forks are followed too. */

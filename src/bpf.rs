@@ -150,6 +150,21 @@ impl Probe {
             .with_context(|| format!("registering process {pid} with the BPF program"))
     }
 
+    /// Forgets the recipe of the process `pid` that started at `start_ticks`,
+    /// if BPF still holds it (its exit dropped it; userspace may have added
+    /// it again since, and the PID may be a newer process's by now).
+    pub fn remove_process_of(&mut self, pid: u32, start_ticks: u64) {
+        let key = pid.to_ne_bytes();
+        let Ok(Some(bytes)) = self.skel.maps.procs.lookup(&key, MapFlags::ANY) else {
+            return;
+        };
+        let mut recipe = types::rprof_proc::default();
+        if plain::copy_from_bytes(&mut recipe, &bytes).is_ok() && recipe.start_ticks == start_ticks {
+            let _ = self.set_threads(pid, &[]);
+            let _ = self.skel.maps.procs.delete(&key);
+        }
+    }
+
     /// Replaces the native thread -> rb_thread_t entries of process `pid`.
     pub fn set_threads(&mut self, pid: u32, threads: &[(u64, u64)]) -> Result<()> {
         let map = &self.skel.maps.threads;

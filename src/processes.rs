@@ -144,7 +144,7 @@ impl Processes {
         // Created before its first sample: its first reading of the GC clock
         // lets it prove that no GC came between the first samples and their naming.
         let resolver = Resolver::new(&target);
-        self.start_profiling(probe, id, Vec::new(), Ruby { target, resolver })
+        self.start_profiling(probe, id, Vec::new(), Ruby { target, resolver }, false)
     }
 
     /// Follows the processes already running under `root` (a cluster's
@@ -170,7 +170,7 @@ impl Processes {
             match RubyTarget::inspect(pid, self.force_version.as_deref()) {
                 Ok(target) if target.ready() && target.start_ticks == start_ticks => {
                     let resolver = Resolver::new(&target);
-                    self.start_profiling(probe, id, lineage, Ruby { target, resolver })?;
+                    self.start_profiling(probe, id, lineage, Ruby { target, resolver }, false)?;
                 }
                 // Not a Ruby, or one still starting: looked at again for a while.
                 _ => {
@@ -209,10 +209,15 @@ impl Processes {
         id: ProcessId,
         lineage: Vec<String>,
         ruby: Ruby,
+        recipe_in_bpf: bool,
     ) -> Result<()> {
         let target = &ruby.target;
         probe.set_threads(id.pid, &target.ruby_threads().unwrap_or_default())?;
-        probe.add_process(id.pid, &target.recipe())?;
+        // A forked child got its recipe from BPF at the fork; adding it here
+        // again would bring it back if the child has ended meanwhile.
+        if !recipe_in_bpf {
+            probe.add_process(id.pid, &target.recipe())?;
+        }
         self.ruby_versions.insert(target.version.to_string());
         let known = self.live.get(&id.pid).filter(|f| f.id == id);
         if !known.is_some_and(|f| f.profiled) {
@@ -288,7 +293,9 @@ impl Processes {
                     } else {
                         Resolver::new(&target)
                     };
-                    self.start_profiling(probe, id, lineage, Ruby { target, resolver })?;
+                    // Unless the parent's own recipe reached BPF after the fork.
+                    let inherited = e.inherited != 0;
+                    self.start_profiling(probe, id, lineage, Ruby { target, resolver }, inherited)?;
                 }
                 None => {
                     let nth = self.nth(id);
@@ -315,7 +322,9 @@ impl Processes {
         if let Some(mut f) = self.live.remove(&pid) {
             on_exit(&mut f);
             self.counts.ended += 1;
-            let _ = probe.set_threads(pid, &[]);
+            // Added after BPF dropped it at the exit (a Ruby inspected just
+            // before it ended): gone for good now.
+            probe.remove_process_of(pid, f.id.start_ticks);
         }
     }
 
@@ -363,7 +372,7 @@ impl Processes {
             };
             if target.start_ticks == id.start_ticks && target.ready() {
                 let resolver = Resolver::new(&target);
-                self.start_profiling(probe, id, lineage, Ruby { target, resolver })?;
+                self.start_profiling(probe, id, lineage, Ruby { target, resolver }, false)?;
             }
         }
         Ok(())
