@@ -152,7 +152,8 @@ impl Probe {
 
     /// Forgets the recipe of the process `pid` that started at `start_ticks`,
     /// if BPF still holds it (its exit dropped it; userspace may have added
-    /// it again since, and the PID may be a newer process's by now).
+    /// it again since, and the PID may be a newer process's by now, which
+    /// keeps its own).
     pub fn remove_process_of(&mut self, pid: u32, start_ticks: u64) {
         let key = pid.to_ne_bytes();
         let Ok(Some(bytes)) = self.skel.maps.procs.lookup(&key, MapFlags::ANY) else {
@@ -160,7 +161,6 @@ impl Probe {
         };
         let mut recipe = types::rprof_proc::default();
         if plain::copy_from_bytes(&mut recipe, &bytes).is_ok() && recipe.start_ticks == start_ticks {
-            let _ = self.set_threads(pid, &[]);
             let _ = self.skel.maps.procs.delete(&key);
         }
     }

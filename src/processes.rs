@@ -322,8 +322,11 @@ impl Processes {
         if let Some(mut f) = self.live.remove(&pid) {
             on_exit(&mut f);
             self.counts.ended += 1;
-            // Added after BPF dropped it at the exit (a Ruby inspected just
-            // before it ended): gone for good now.
+            // Its threads' entries come only from userspace: none of a newer
+            // process on this PID can exist before its fork is read, later.
+            let _ = probe.set_threads(pid, &[]);
+            // Its recipe, if added after BPF dropped it at the exit (a Ruby
+            // inspected just before it ended).
             probe.remove_process_of(pid, f.id.start_ticks);
         }
     }
