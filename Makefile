@@ -5,7 +5,7 @@ CARGO ?= cargo
 APT_PACKAGES = clang llvm libelf-dev zlib1g-dev pkg-config make gcc ruby ruby-dev \
                debootstrap util-linux clang-format
 # What only the tests use: real servers under load.
-TEST_PACKAGES = puma unicorn ruby-rack wrk
+TEST_PACKAGES = puma unicorn ruby-rack wrk libc6-dbg
 RPROF = target/release/rprof
 
 .PHONY: deps test-deps apt tracefs build demo test lint bench clean-cache
@@ -42,7 +42,7 @@ test: deps test-deps tracefs lint
 lint:
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --release --locked --workspace --all-targets -- -D warnings
-	clang-format --dry-run --Werror bpf/rprof.bpf.c bpf/rprof.h
+	clang-format --dry-run --Werror bpf/rprof.bpf.c bpf/rprof.h bpf/native.bpf.h
 
 bench: build
 	bench/overhead

@@ -30,9 +30,14 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 		__len &(2 * (max)-1);                                                              \
 	})
 
+/* A record's body: Ruby frames, then native frames, then kernel addresses. */
+#define RUBY_BYTES   (RPROF_MAX_FRAMES * sizeof(struct rprof_frame))
+#define NATIVE_BYTES (RPROF_MAX_NATIVE * sizeof(struct rprof_native_frame))
+#define KERNEL_BYTES (RPROF_MAX_KERNEL * sizeof(__u64))
+
 struct scratch {
 	struct rprof_sample_header hdr;
-	struct rprof_frame frames[RPROF_MAX_FRAMES]; /* must follow hdr directly */
+	__u8 body[RUBY_BYTES + NATIVE_BYTES + KERNEL_BYTES]; /* must follow hdr directly */
 	/* Twice the largest read, so a masked length always fits (see CLAMPED). */
 	__u8 cfps[2 * CFP_BYTES];
 	__u8 vstack[2 * RPROF_VSTACK_WINDOW];
@@ -105,6 +110,11 @@ struct {
 /* Current counts epoch; userspace bumps it, then drains the other map. */
 volatile __u64 epoch;
 
+/* Set by userspace before loading: unwind native (--native) and kernel
+ * (--kernel) stacks too. */
+const volatile bool native_stacks = false;
+const volatile bool kernel_stacks = false;
+
 /* Keep the shared types in BTF so the skeleton generates them for Rust. */
 struct rprof_frame rprof_frame_type;
 struct rprof_sample_header rprof_sample_header_type;
@@ -114,6 +124,17 @@ enum rprof_stat rprof_stat_type;
 enum rprof_record_kind rprof_record_kind_type;
 enum rprof_process_change rprof_process_change_type;
 struct rprof_process_event rprof_process_event_type;
+enum rprof_frame_flags rprof_frame_flags_type;
+struct rprof_unwind_rule rprof_unwind_rule_type;
+struct rprof_unwind_row rprof_unwind_row_type;
+struct rprof_unwind_file rprof_unwind_file_type;
+struct rprof_space rprof_space_type;
+struct rprof_native_frame rprof_native_frame_type;
+enum rprof_cfa_kind rprof_cfa_kind_type;
+enum rprof_rbp_kind rprof_rbp_kind_type;
+enum rprof_file_flags rprof_file_flags_type;
+enum rprof_mapping_kind rprof_mapping_kind_type;
+enum rprof_native_stop rprof_native_stop_type;
 
 struct walk_ctx {
 	struct scratch *s;
@@ -122,6 +143,7 @@ struct walk_ctx {
 	__u64 win_lo;
 	__u64 win_hi;
 	__u64 hash;
+	__u64 frame_flags; /* ep[0] of the frame walk_frame reads */
 	__u32 n;
 	__u32 out;
 	__u32 failed;
@@ -193,7 +215,8 @@ static __always_inline int read_env(struct walk_ctx *w, __u64 ep, __u64 env[3])
 	return read_env_slow(lo, env);
 }
 
-/* The method entry of a Ruby frame, found as Ruby's rb_vm_frame_method_entry does. */
+/* The method entry of a Ruby frame, found as Ruby's rb_vm_frame_method_entry
+ * does; w->frame_flags gets the frame's own env flags (ep[0]). */
 static __always_inline __u64 frame_method_entry(struct walk_ctx *w, __u64 ep)
 {
 	struct rprof_proc *p = w->p;
@@ -202,6 +225,8 @@ static __always_inline __u64 frame_method_entry(struct walk_ctx *w, __u64 ep)
 	for (int depth = 0; depth < RPROF_ENV_CHAIN_MAX; depth++) {
 		if (read_env(w, ep, env))
 			return 0;
+		if (depth == 0)
+			w->frame_flags = env[2];
 		if (env[2] & p->env_flag_local)
 			return env[0]; /* cme, or a cref userspace will reject */
 		if (env[0] && !(env[0] & 7)) {
@@ -235,7 +260,10 @@ static __always_inline int walk_frame(struct walk_ctx *w, __u32 base)
 		 * written a pc to yet; userspace tells them apart. */
 		f.iseq = iseq;
 		f.pc = pc;
+		w->frame_flags = 0;
 		f.cme = frame_method_entry(w, ep);
+		if (w->frame_flags & p->frame_flag_finish)
+			f.flags = RPROF_FRAME_FINISH;
 	} else {
 		__u64 env[3];
 
@@ -247,9 +275,9 @@ static __always_inline int walk_frame(struct walk_ctx *w, __u32 base)
 	}
 	if (w->out >= RPROF_MAX_FRAMES)
 		return 1;
-	s->frames[w->out & (RPROF_MAX_FRAMES - 1)] = f;
+	((struct rprof_frame *)s->body)[w->out & (RPROF_MAX_FRAMES - 1)] = f;
 	w->out++;
-	w->hash = mix(mix(w->hash, f.iseq), f.pc ^ rotl(f.cme, 32));
+	w->hash = mix(mix(w->hash, f.iseq), (f.pc | f.flags) ^ rotl(f.cme, 32));
 	return 0;
 }
 
@@ -468,14 +496,16 @@ static __always_inline int read_gc_time(struct rprof_proc *p, struct scratch *s,
 
 static __always_inline long emit(struct scratch *s)
 {
-	__u64 size = sizeof(s->hdr) + (__u64)s->hdr.nframes * sizeof(struct rprof_frame);
+	__u64 size = sizeof(s->hdr) + (__u64)s->hdr.nframes * sizeof(struct rprof_frame) +
+		     (__u64)s->hdr.nnative * sizeof(struct rprof_native_frame) +
+		     (__u64)s->hdr.nkernel * sizeof(__u64);
 
 	/* Only records carry the thread's name: most events are just counted. */
 	bpf_get_current_comm(s->hdr.comm, sizeof(s->hdr.comm));
-	if (size > sizeof(s->hdr) + sizeof(s->frames))
+	if (size > sizeof(s->hdr) + sizeof(s->body))
 		return -1;
 	asm volatile("" : "+r"(size));
-	if (size > sizeof(s->hdr) + sizeof(s->frames))
+	if (size > sizeof(s->hdr) + sizeof(s->body))
 		return -1;
 	/* Userspace must name a record's frames before the GC frees or moves
 	 * their code, so it is woken at once (adaptively: only the first record
@@ -522,7 +552,52 @@ static __always_inline __u64 start_ticks(struct task_struct *leader)
 	return leader->start_boottime / RPROF_TICK_NS;
 }
 
-static __always_inline int on_event(__u32 event)
+#include "native.bpf.h"
+
+/* With --native and --kernel: the native and kernel stacks of this event,
+ * after the Ruby frames in the record's body, mixed into its hash. */
+static __always_inline __u64 other_stacks(void *ctx, struct rprof_proc *p, struct scratch *s,
+					  __u64 hash)
+{
+	struct unwind_ctx u = {};
+	__u32 nruby = s->hdr.nframes, nnative = 0, stat;
+	__u64 off;
+	long got;
+
+	if (nruby > RPROF_MAX_FRAMES)
+		nruby = RPROF_MAX_FRAMES;
+	off = (__u64)nruby * sizeof(struct rprof_frame);
+	asm volatile("" : "+r"(off));
+	if (off > RUBY_BYTES)
+		return hash;
+	if (native_stacks) {
+		nnative = unwind_native(&u, (struct rprof_native_frame *)(s->body + off),
+					p->native_space);
+		hash = mix(mix(hash, u.hash), u.stop);
+		stat = RPROF_STAT_NATIVE_STOP + (u.stop < RPROF_NATIVE_STOP_MAX ? u.stop : 0);
+		stat_inc(stat);
+		s->hdr.nnative = nnative;
+		s->hdr.native_stop = u.stop;
+	}
+	if (kernel_stacks) {
+		__u64 koff = off + (__u64)nnative * sizeof(struct rprof_native_frame);
+
+		asm volatile("" : "+r"(koff));
+		if (koff > RUBY_BYTES + NATIVE_BYTES)
+			return hash;
+		got = bpf_get_stack(ctx, s->body + koff, KERNEL_BYTES, 0);
+		if (got > 0) {
+			__u32 n = got / sizeof(__u64);
+
+			for (__u32 i = 0; i < RPROF_MAX_KERNEL && i < n; i++)
+				hash = mix(hash, *((__u64 *)(s->body + koff) + i));
+			s->hdr.nkernel = n;
+		}
+	}
+	return hash;
+}
+
+static __always_inline int on_event(void *ctx, __u32 event)
 {
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 tgid = id >> 32, tid = (__u32)id, slot;
@@ -561,6 +636,9 @@ static __always_inline int on_event(__u32 event)
 	s->hdr.nframes = 0;
 	s->hdr.ruby_thread = 0;
 	s->hdr.gc_time = 0;
+	s->hdr.nnative = 0;
+	s->hdr.native_stop = 0;
+	s->hdr.nkernel = 0;
 	tp = BPF_CORE_READ(task, thread.fsbase);
 
 	w.s = s;
@@ -584,6 +662,8 @@ static __always_inline int on_event(__u32 event)
 		stat_inc(RPROF_STAT_FOREIGN_EC);
 
 	s->hdr.nframes = w.out;
+	if (native_stacks || kernel_stacks)
+		w.hash = other_stacks(ctx, p, s, w.hash);
 	s->hdr.hash = finish_hash(
 	    mix(mix(mix(mix(mix(mix(w.hash, ((__u64)tid << 32) | event), s->hdr.flags), w.out),
 			s->hdr.gc_time),
@@ -596,14 +676,14 @@ static __always_inline int on_event(__u32 event)
 SEC("perf_event")
 int on_cpu_sample(struct bpf_perf_event_data *ctx)
 {
-	return on_event(0);
+	return on_event(ctx, 0);
 }
 
 /* Attached to each traced tracepoint with its 1-based index as the BPF cookie. */
 SEC("tracepoint")
 int on_tracepoint(void *ctx)
 {
-	return on_event((__u32)bpf_get_attach_cookie(ctx));
+	return on_event(ctx, (__u32)bpf_get_attach_cookie(ctx));
 }
 
 static __always_inline void process_event(__u32 change, __u32 pid, __u64 start, __u32 parent,

@@ -16,6 +16,12 @@
 #define RPROF_VSTACK_WINDOW (16 * 1024)
 /* Blocks nested this deep are followed to their method's env. */
 #define RPROF_ENV_CHAIN_MAX 8
+/* --native: deepest native stack kept (the root end is cut beyond it). */
+#define RPROF_MAX_NATIVE 512
+/* --kernel: deepest kernel stack kept (the kernel's own limit). */
+#define RPROF_MAX_KERNEL 127
+/* Executable mappings of one address space BPF can unwind through. */
+#define RPROF_MAX_MAPPINGS 512
 
 /* How the BPF program finds a thread's current execution context (EC). */
 enum rprof_ec_access {
@@ -84,6 +90,11 @@ struct rprof_proc {
 	 * thread (M:N) is named after itself, not after the native thread. */
 	__u32 th_dedicated_byte;
 	__u32 th_dedicated_mask; /* 0: no M:N threads in this Ruby */
+	/* --native: the key in `spaces` of this process's executable mappings
+	 * (shared by the forks that have not changed them); 0: none yet. */
+	__u32 native_space;
+	/* Ruby frame flags (ep[0]) copied into rprof_frame.flags. */
+	__u32 frame_flag_finish;
 };
 
 /*
@@ -95,6 +106,111 @@ struct rprof_frame {
 	__u64 iseq;
 	__u64 pc;
 	__u64 cme;
+	__u32 flags; /* enum rprof_frame_flags */
+	__u32 pad;
+};
+
+enum rprof_frame_flags {
+	/* VM_FRAME_FLAG_FINISH: the first frame a native call into the VM
+	 * (rb_vm_exec) runs; the frames up to the next one are that call's. */
+	RPROF_FRAME_FINISH = 1,
+};
+
+/*
+ * --native: how one native frame is unwound, a rule shared by every pc it
+ * covers (from .eh_frame CFI, built by userspace, src/unwind/). Registers
+ * are x86-64's; DWARF numbers them rax 0, rdx 1, rcx 2, rbx 3, rsi 4, rdi 5,
+ * rbp 6, rsp 7, r8-r15 8-15. The return address is always at CFA - 8.
+ */
+enum rprof_cfa_kind {
+	RPROF_CFA_NONE = 0,   /* no CFI covers the pc: frame pointers, if the file keeps them */
+	RPROF_CFA_RSP = 1,    /* cfa = rsp + cfa_off */
+	RPROF_CFA_RBP = 2,    /* cfa = rbp + cfa_off */
+	RPROF_CFA_REG = 3,    /* cfa = reg + cfa_off, any register: the leaf frame only */
+	RPROF_CFA_DEREF = 4,  /* cfa = *(reg + cfa_off) + deref_off, reg rsp or rbp */
+	RPROF_CFA_PLT = 5,    /* GCC's PLT stubs: cfa = rsp + 8 + ((pc & 15) >= cfa_off ? 8 : 0) */
+	RPROF_CFA_SIGNAL = 6, /* a signal trampoline: registers from the ucontext at rsp */
+	RPROF_CFA_END = 7,    /* return address undefined: the outermost frame */
+	RPROF_CFA_UNSUPPORTED = 8, /* CFI rprof cannot follow (another expression) */
+};
+
+enum rprof_rbp_kind {
+	RPROF_RBP_SAME = 0,    /* rbp is not changed by this frame */
+	RPROF_RBP_AT_CFA = 1,  /* rbp = *(cfa + rbp_off) */
+	RPROF_RBP_UNKNOWN = 2, /* restored some other way: unknown from here on */
+};
+
+struct rprof_unwind_rule {
+	__u8 cfa; /* enum rprof_cfa_kind */
+	__u8 reg; /* DWARF register of RPROF_CFA_REG / RPROF_CFA_DEREF */
+	__u8 rbp; /* enum rprof_rbp_kind */
+	__u8 pad;
+	__s32 cfa_off;
+	__s32 rbp_off;
+	__s32 deref_off;
+};
+
+/* A rule from `pc` (an offset from the file's `base`) up to the next row's. */
+struct rprof_unwind_row {
+	__u32 pc;
+	__u32 rule; /* index in `unwind_rules` */
+};
+
+/* One ELF file's rows: unwind_rows[first .. first + count), sorted by pc. */
+struct rprof_unwind_file {
+	__u32 first;
+	__u32 count;
+	__u64 base;
+	__u32 flags; /* enum rprof_file_flags */
+	__u32 pad;
+};
+
+enum rprof_file_flags {
+	/* Built with frame pointers: a pc without CFI is unwound through rbp. */
+	RPROF_FILE_FRAME_POINTERS = 1,
+};
+
+enum rprof_mapping_kind {
+	RPROF_MAPPING_FILE = 0, /* an ELF file: `file` names its rows (0: none) */
+	RPROF_MAPPING_JIT = 1,	/* anonymous executable memory (YJIT's code): frame pointers */
+};
+
+/* An executable mapping: an address in [start, end) is the file's vaddr addr - bias. */
+struct rprof_mapping {
+	__u64 start;
+	__u64 end;
+	__u64 bias;
+	__u32 file;
+	__u32 kind; /* enum rprof_mapping_kind */
+};
+
+/* The executable mappings of an address space, sorted by start (`spaces`). */
+struct rprof_space {
+	__u32 count;
+	__u32 pad;
+	struct rprof_mapping mappings[RPROF_MAX_MAPPINGS];
+};
+
+/* One native frame of a record: the pc (leaf) or the return address - 1 (the
+ * call), as a vaddr of `file`, or an absolute address when `file` is 0. */
+struct rprof_native_frame {
+	__u64 addr;
+	__u32 file;
+	__u32 pad;
+};
+
+/* Why a native stack ends where it does (the first is a whole stack). */
+enum rprof_native_stop {
+	RPROF_NATIVE_DONE = 0,	      /* the outermost frame (or no --native) */
+	RPROF_NATIVE_NO_MAPPING = 1,  /* a pc outside every mapping rprof knows of */
+	RPROF_NATIVE_NO_CFI = 2,      /* a pc without CFI, in a file without frame pointers */
+	RPROF_NATIVE_UNSUPPORTED = 3, /* CFI rprof cannot follow */
+	RPROF_NATIVE_READ_FAILED = 4, /* the stack could not be read */
+	RPROF_NATIVE_BAD_FRAME = 5,   /* a frame below the one before it, or no return address */
+	RPROF_NATIVE_TRUNCATED = 6,   /* deeper than RPROF_MAX_NATIVE: the root end is cut */
+	RPROF_NATIVE_NO_SPACE = 7,    /* the process's mappings are not known yet */
+	RPROF_NATIVE_JIT = 8,	      /* JIT code, and no frame pointer through it */
+	RPROF_NATIVE_STOP_MAX,
 };
 
 enum rprof_sample_flags {
@@ -155,7 +271,8 @@ struct rprof_followed {
 	__u64 start_ticks;
 };
 
-/* Header of a ring buffer record; `nframes` struct rprof_frame follow, leaf first. */
+/* Header of a ring buffer record; `nframes` struct rprof_frame follow, leaf first,
+ * then `nnative` native frames and `nkernel` kernel addresses. */
 struct rprof_sample_header {
 	__u32 kind; /* RPROF_RECORD_SAMPLE */
 	__u32 pid;
@@ -173,6 +290,12 @@ struct rprof_sample_header {
 	__u32 flags; /* enum rprof_sample_flags */
 	__u32 nframes;
 	char comm[16];
+	/* --native: struct rprof_native_frame follow the Ruby frames, leaf first */
+	__u32 nnative;
+	__u32 native_stop; /* enum rprof_native_stop */
+	/* --kernel: kernel addresses (__u64) follow those, leaf first */
+	__u32 nkernel;
+	__u32 pad;
 };
 
 /*
@@ -199,7 +322,9 @@ enum rprof_stat {
 	RPROF_STAT_OTHER_PROCESS, /* events of a process that reused a target's PID */
 	RPROF_STAT_PROCESS_LOST,  /* process events the full ring buffer refused */
 	RPROF_STAT_NOT_PROFILED,  /* events of followed processes without a recipe (yet) */
-	RPROF_STAT_MAX,
+	/* --native: events whose native stack ended for each enum rprof_native_stop */
+	RPROF_STAT_NATIVE_STOP,
+	RPROF_STAT_MAX = RPROF_STAT_NATIVE_STOP + RPROF_NATIVE_STOP_MAX,
 };
 
 #endif /* RPROF_H */

@@ -6,7 +6,10 @@
 #   3.4    Debian sid chroot with ruby3.4 from experimental
 #   static ruby 3.1 built from Debian's source with --disable-shared
 #   3.3-yjit  ruby 3.3 built from Debian 13's source with --enable-shared --enable-yjit
-# Usage: scripts/setup-rubies.sh [host|2.7|3.3|3.4|static|3.3-yjit|all]...
+#   3.3-fp    ruby 3.3 built from the same source with frame pointers, as
+#             Ubuntu 24.04+ and Fedora 38+ build theirs
+# Each chroot also gets ruby-dev and gcc, to build the tests' C extension.
+# Usage: scripts/setup-rubies.sh [host|2.7|3.3|3.4|static|3.3-yjit|3.3-fp|all]...
 set -eu
 CACHE=${RPROF_CACHE:-/var/cache/rprof}
 MIRROR=${RPROF_DEBIAN_MIRROR:-http://deb.debian.org/debian}
@@ -24,6 +27,19 @@ chroot_ruby() { # name suite
     debootstrap --variant=minbase --include=ruby "$2" "$dir" "$MIRROR" >"$CACHE/debootstrap-$1.log" 2>&1 \
         || { tail -20 "$CACHE/debootstrap-$1.log" >&2; exit 1; }
     touch "$dir/.rprof-ready"
+}
+
+# chroot_dev NAME [apt options]: ruby-dev, gcc and make in a chroot, once
+# (the --native tests build a C extension with the chroot's own mkmf).
+chroot_dev() {
+    dir="$CACHE/chroot-$1"
+    shift
+    if [ -f "$dir/.rprof-dev-ready" ]; then return 0; fi
+    log "installing ruby-dev and gcc in $dir (once)"
+    chroot "$dir" apt-get -qq -o Acquire::Check-Valid-Until=false update >>"$CACHE/dev.log" 2>&1
+    chroot "$dir" apt-get -qq -o Acquire::Check-Valid-Until=false install -y "$@" gcc make libc6-dev \
+        >>"$CACHE/dev.log" 2>&1 || { tail -20 "$CACHE/dev.log" >&2; exit 1; }
+    touch "$dir/.rprof-dev-ready"
 }
 
 chroot_ruby34() {
@@ -86,6 +102,13 @@ yjit_ruby() {
         || { echo "setup-rubies: the 3.3-yjit build has no working YJIT" >&2; exit 1; }
 }
 
+# Ruby 3.3 with frame pointers everywhere (Ubuntu 24.04+, Fedora 38+ build
+# their packages so): the same source as Debian 13's, to compare stacks.
+fp_ruby() {
+    source_ruby 3.3-fp ruby3.3 trixie --enable-shared \
+        optflags="-O2 -fno-omit-frame-pointer -mno-omit-leaf-frame-pointer"
+}
+
 host_ruby() {
     if command -v ruby >/dev/null && ruby -e 'exit(RUBY_VERSION.start_with?("3.1") ? 0 : 1)'; then return 0; fi
     apt-get install -y -qq ruby >/dev/null
@@ -95,12 +118,18 @@ host_ruby() {
 for what in "$@"; do
     case "$what" in
         host) host_ruby ;;
-        2.7) chroot_ruby 2.7 bullseye ;;
-        3.3) chroot_ruby 3.3 trixie ;;
-        3.4) chroot_ruby34 ;;
+        2.7) chroot_ruby 2.7 bullseye; chroot_dev 2.7 ruby-dev ;;
+        3.3) chroot_ruby 3.3 trixie; chroot_dev 3.3 ruby-dev ;;
+        3.4) chroot_ruby34; chroot_dev 3.4 -t experimental ruby3.4-dev ;;
         static) static_ruby ;;
         3.3-yjit) yjit_ruby ;;
-        all) host_ruby; chroot_ruby 2.7 bullseye; chroot_ruby 3.3 trixie; chroot_ruby34; static_ruby; yjit_ruby ;;
-        *) echo "setup-rubies: unknown '$what' (host, 2.7, 3.3, 3.4, static, 3.3-yjit, all)" >&2; exit 2 ;;
+        3.3-fp) fp_ruby ;;
+        all)
+            host_ruby
+            chroot_ruby 2.7 bullseye; chroot_dev 2.7 ruby-dev
+            chroot_ruby 3.3 trixie; chroot_dev 3.3 ruby-dev
+            chroot_ruby34; chroot_dev 3.4 -t experimental ruby3.4-dev
+            static_ruby; yjit_ruby; fp_ruby ;;
+        *) echo "setup-rubies: unknown '$what' (host, 2.7, 3.3, 3.4, static, 3.3-yjit, 3.3-fp, all)" >&2; exit 2 ;;
     esac
 done

@@ -31,13 +31,22 @@ unsafe impl plain::Plain for types::rprof_stack_count {}
 unsafe impl plain::Plain for types::rprof_thread_key {}
 unsafe impl plain::Plain for types::rprof_process_event {}
 unsafe impl plain::Plain for types::rprof_followed {}
+unsafe impl plain::Plain for types::rprof_native_frame {}
+unsafe impl plain::Plain for types::rprof_unwind_row {}
+unsafe impl plain::Plain for types::rprof_unwind_rule {}
+unsafe impl plain::Plain for types::rprof_unwind_file {}
+unsafe impl plain::Plain for types::rprof_space {}
 
 /// One stack record sent by the BPF program.
 #[derive(Debug, Clone)]
 pub struct Sample {
     pub header: types::rprof_sample_header,
-    /// Leaf first.
+    /// Ruby frames, leaf first.
     pub frames: Vec<types::rprof_frame>,
+    /// --native: native frames, leaf first.
+    pub native: Vec<types::rprof_native_frame>,
+    /// --kernel: kernel addresses, leaf first.
+    pub kernel: Vec<u64>,
 }
 
 impl Sample {
@@ -74,6 +83,17 @@ pub struct Stats {
     pub process_lost: u64,
     /// Events of followed processes without a recipe (not Ruby, or not yet).
     pub not_profiled: u64,
+    /// --native: events by why their native stack ended (enum rprof_native_stop).
+    pub native_stops: [u64; types::rprof_native_stop::RPROF_NATIVE_STOP_MAX.0 as usize],
+}
+
+/// What the BPF program is loaded to do beyond Ruby stacks.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Options {
+    /// Unwind native stacks (--native), with room for this many table rows.
+    pub native_rows: Option<u32>,
+    /// Kernel stacks too (--kernel).
+    pub kernel: bool,
 }
 
 pub struct Probe {
@@ -89,7 +109,7 @@ const RING_BYTES: u32 = 32 << 20;
 
 impl Probe {
     /// Loads the BPF program (not yet attached to anything).
-    pub fn load() -> Result<Self> {
+    pub fn load(options: Options) -> Result<Self> {
         // libbpf's own messages (the verifier log) only with RPROF_DEBUG=1.
         if std::env::var_os("RPROF_DEBUG").is_none() {
             libbpf_rs::set_print(None);
@@ -116,6 +136,33 @@ impl Probe {
             .samples
             .set_max_entries(ring_bytes)
             .context("sizing the ring buffer")?;
+        if let Some(rows) = options.native_rows {
+            open.maps
+                .unwind_rows
+                .set_max_entries(rows.max(1))
+                .context("sizing the unwind tables")?;
+            open.maps
+                .unwind_rules
+                .set_max_entries(crate::unwind::MAX_RULES)
+                .context("sizing the unwind rules")?;
+            open.maps
+                .unwind_files
+                .set_max_entries(crate::unwind::MAX_FILES)
+                .context("sizing the unwind files")?;
+            open.maps
+                .spaces
+                .set_max_entries(crate::unwind::MAX_SPACES)
+                .context("sizing the address spaces")?;
+        }
+        {
+            let rodata = open
+                .maps
+                .rodata_data
+                .as_deref_mut()
+                .context("the BPF object has no read-only data")?;
+            rodata.native_stacks = options.native_rows.is_some();
+            rodata.kernel_stacks = options.kernel;
+        }
         let skel: &'static RprofSkel<'static> = Box::leak(Box::new(
             open.load()
                 .context("loading the BPF program into the kernel (RPROF_DEBUG=1 shows libbpf's log)")?,
@@ -221,6 +268,60 @@ impl Probe {
             self.links.push(link);
         }
         Ok(())
+    }
+
+    /// Gives process `pid` (started at `start_ticks`) the address space
+    /// `space`, keeping what BPF has learned in its recipe.
+    pub fn set_native_space(&mut self, pid: u32, start_ticks: u64, space: u32) {
+        let key = pid.to_ne_bytes();
+        let Ok(Some(bytes)) = self.skel.maps.procs.lookup(&key, MapFlags::ANY) else {
+            return;
+        };
+        let mut recipe = types::rprof_proc::default();
+        if plain::copy_from_bytes(&mut recipe, &bytes).is_ok() && recipe.start_ticks == start_ticks {
+            recipe.native_space = space;
+            // SAFETY: rprof_proc is Plain.
+            let value = unsafe { plain::as_bytes(&recipe) };
+            let _ = self.skel.maps.procs.update(&key, value, MapFlags::EXIST);
+        }
+    }
+
+    /// Unwind rules `first..` (they are only ever added).
+    pub fn set_unwind_rules(&mut self, first: u32, rules: &[types::rprof_unwind_rule]) -> Result<()> {
+        write_array(&self.skel.maps.unwind_rules, first, rules).context("loading unwind rules into BPF")
+    }
+
+    /// A file's table rows, at `first` in `unwind_rows`.
+    pub fn set_unwind_rows(&mut self, first: u32, rows: &[(u32, u32)]) -> Result<()> {
+        let rows: Vec<types::rprof_unwind_row> = rows
+            .iter()
+            .map(|&(pc, rule)| types::rprof_unwind_row { pc, rule })
+            .collect();
+        write_array(&self.skel.maps.unwind_rows, first, &rows).context("loading an unwind table into BPF")
+    }
+
+    pub fn set_unwind_file(&mut self, id: u32, file: &types::rprof_unwind_file) -> Result<()> {
+        // SAFETY: rprof_unwind_file is Plain.
+        let value = unsafe { plain::as_bytes(file) };
+        self.skel
+            .maps
+            .unwind_files
+            .update(&id.to_ne_bytes(), value, MapFlags::ANY)
+            .context("registering an unwind table with BPF")
+    }
+
+    pub fn set_space(&mut self, id: u32, space: &types::rprof_space) -> Result<()> {
+        // SAFETY: rprof_space is Plain.
+        let value = unsafe { plain::as_bytes(space) };
+        self.skel
+            .maps
+            .spaces
+            .update(&id.to_ne_bytes(), value, MapFlags::ANY)
+            .context("registering a process's mappings with BPF")
+    }
+
+    pub fn remove_space(&mut self, id: u32) {
+        let _ = self.skel.maps.spaces.delete(&id.to_ne_bytes());
     }
 
     pub fn remove_process(&mut self, pid: u32) {
@@ -397,6 +498,15 @@ impl Probe {
             other_process: read(types::rprof_stat::RPROF_STAT_OTHER_PROCESS)?,
             process_lost: read(types::rprof_stat::RPROF_STAT_PROCESS_LOST)?,
             not_profiled: read(types::rprof_stat::RPROF_STAT_NOT_PROFILED)?,
+            native_stops: {
+                let mut stops = [0; types::rprof_native_stop::RPROF_NATIVE_STOP_MAX.0 as usize];
+                for (i, n) in stops.iter_mut().enumerate() {
+                    *n = read(types::rprof_stat(
+                        types::rprof_stat::RPROF_STAT_NATIVE_STOP.0 + i as u32,
+                    ))?;
+                }
+                stops
+            },
         })
     }
 
@@ -404,6 +514,24 @@ impl Probe {
     pub fn detach(&mut self) {
         self.links.clear();
     }
+}
+
+/// `values` into an array map from index `first` on, in batches.
+fn write_array<T: plain::Plain>(map: &impl MapCore, first: u32, values: &[T]) -> Result<()> {
+    const BATCH: usize = 1 << 16;
+    for (i, chunk) in values.chunks(BATCH).enumerate() {
+        let from = first + (i * BATCH) as u32;
+        let keys: Vec<u8> = (from..from + chunk.len() as u32)
+            .flat_map(u32::to_ne_bytes)
+            .collect();
+        // SAFETY: T is Plain.
+        let bytes: Vec<u8> = chunk
+            .iter()
+            .flat_map(|v| unsafe { plain::as_bytes(v) }.to_vec())
+            .collect();
+        map.update_batch(&keys, &bytes, chunk.len() as u32, MapFlags::ANY, MapFlags::ANY)?;
+    }
+    Ok(())
 }
 
 fn parse_record(data: &[u8]) -> Option<Record> {
@@ -419,15 +547,32 @@ fn parse_record(data: &[u8]) -> Option<Record> {
 fn parse_sample(data: &[u8]) -> Option<Sample> {
     let mut header = types::rprof_sample_header::default();
     plain::copy_from_bytes(&mut header, data).ok()?;
-    let mut frames = Vec::with_capacity(header.nframes as usize);
     let mut rest = data.get(size_of::<types::rprof_sample_header>()..)?;
-    for _ in 0..header.nframes {
-        let mut frame = types::rprof_frame::default();
-        plain::copy_from_bytes(&mut frame, rest).ok()?;
-        frames.push(frame);
-        rest = rest.get(size_of::<types::rprof_frame>()..)?;
+    let frames = take_all(&mut rest, header.nframes)?;
+    let native = take_all(&mut rest, header.nnative)?;
+    let mut kernel = Vec::with_capacity(header.nkernel as usize);
+    for _ in 0..header.nkernel {
+        kernel.push(u64::from_ne_bytes(rest.get(..8)?.try_into().ok()?));
+        rest = rest.get(8..)?;
     }
-    Some(Sample { header, frames })
+    Some(Sample {
+        header,
+        frames,
+        native,
+        kernel,
+    })
+}
+
+/// `n` records of type T off the front of `rest`.
+fn take_all<T: plain::Plain + Default>(rest: &mut &[u8], n: u32) -> Option<Vec<T>> {
+    let mut out = Vec::with_capacity(n as usize);
+    for _ in 0..n {
+        let mut item = T::default();
+        plain::copy_from_bytes(&mut item, rest).ok()?;
+        out.push(item);
+        *rest = rest.get(size_of::<T>()..)?;
+    }
+    Some(out)
 }
 
 /// The online CPUs, from /sys/devices/system/cpu/online ("0-3,5").
@@ -472,7 +617,7 @@ mod tests {
             let f = types::rprof_frame {
                 iseq: i,
                 pc: i * 8,
-                cme: 0,
+                ..Default::default()
             };
             data.extend_from_slice(unsafe { plain::as_bytes(&f) });
         }

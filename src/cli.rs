@@ -23,6 +23,7 @@ pub enum Command {
         rprof record -p 1234 -d 10 --format folded   10 seconds, folded stacks\n  \
         rprof record -p 1234 syscall enter_getpid    which Ruby code calls getpid\n  \
         rprof record -p 1234 --subprocesses          a Puma/Unicorn master and all its workers\n  \
+        rprof record -p 1234 --native --kernel       Ruby, C and kernel frames in one stack\n  \
         rprof record -- ruby app.rb                  start app.rb and profile it; exit with its status")]
     Record(RecordArgs),
     /// Render a recording (.rprof) again, in another format.
@@ -65,6 +66,21 @@ pub struct RecordArgs {
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Svg, global = true)]
     pub format: Format,
+
+    /// Add native frames (C extensions, the interpreter, libc) stitched with
+    /// the Ruby frames, unwound in BPF from the binaries' .eh_frame.
+    #[arg(long, global = true)]
+    pub native: bool,
+
+    /// With --native: keep the interpreter's own frames between Ruby frames
+    /// (rb_vm_exec, vm_call_cfunc..., rb_yield...), folded away by default.
+    #[arg(long, global = true)]
+    pub native_all: bool,
+
+    /// Add kernel frames at the leaf (a syscall's path into the kernel, or
+    /// where a CPU sample landed in the kernel).
+    #[arg(long, global = true)]
+    pub kernel: bool,
 
     /// Use the struct layout of this Ruby version for a version rprof does not know.
     #[arg(long, global = true, value_name = "VERSION")]

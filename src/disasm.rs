@@ -153,6 +153,20 @@ pub fn last_load_into_rax(code: &[u8], ip: u64) -> Option<i64> {
         .map(|i| i.memory_displacement64() as i64)
 }
 
+/// The function `code` (at `ip`) ends by jumping to: its first direct
+/// unconditional jump out of `code` (a tail call), e.g. `rb_iseq_eval_main`'s
+/// `jmp rb_vm_exec` on Ruby 3.3+, where `rb_vm_exec` is hidden.
+pub fn first_tail_call(code: &[u8], ip: u64) -> Option<u64> {
+    let end = ip + code.len() as u64;
+    decode(code, ip, 96)
+        .iter()
+        .filter(|i| {
+            i.flow_control() == FlowControl::UnconditionalBranch && i.op0_kind() == OpKind::NearBranch64
+        })
+        .map(|i| i.near_branch_target())
+        .find(|&t| t < ip || t >= end)
+}
+
 /// Targets of direct calls and jumps in `code`, in order.
 pub fn branch_targets(code: &[u8], ip: u64, max: usize) -> Vec<u64> {
     decode(code, ip, max)
@@ -170,6 +184,19 @@ pub fn branch_targets(code: &[u8], ip: u64, max: usize) -> Vec<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tail_call_out_of_the_function() {
+        // call +0x10; jmp to itself (inside); jmp 0x5000 (out); ret
+        let code = [
+            0xe8, 0x10, 0x00, 0x00, 0x00, // call
+            0xeb, 0xfe, // jmp to itself
+            0xe9, 0xf4, 0x0f, 0x00, 0x00, // jmp ip+12+0xff4 = 0x5000
+            0xc3,
+        ];
+        assert_eq!(first_tail_call(&code, 0x4000), Some(0x5000));
+        assert_eq!(first_tail_call(&code[..7], 0x4000), None);
+    }
 
     #[test]
     fn general_dynamic_sequence() {

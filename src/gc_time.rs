@@ -67,7 +67,7 @@ impl GcTime {
 
 impl fmt::Display for GcTime {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let phase = if self.0 % 2 == 0 {
+        let phase = if self.0.is_multiple_of(2) {
             "marking"
         } else {
             "after marking"

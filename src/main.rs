@@ -13,6 +13,7 @@ mod record;
 mod resolve;
 mod system;
 mod target;
+mod unwind;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -98,6 +99,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 subprocesses: args.subprocesses,
                 processes: args.processes,
                 threads: args.threads,
+                native: args.native || args.native_all,
+                native_all: args.native_all,
+                kernel: args.kernel,
             })?;
             Ok(status.map_or(ExitCode::SUCCESS, |s| ExitCode::from(launch::exit_code(s))))
         }

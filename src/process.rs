@@ -17,6 +17,9 @@ pub struct Mapping {
     pub offset: u64,
     pub perms: String,
     pub path: String,
+    /// The mapped file's device and inode (0 for anonymous memory).
+    pub dev: String,
+    pub inode: u64,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -231,8 +234,8 @@ fn parse_maps_line(line: &str) -> Option<Mapping> {
     let range = it.next()?;
     let perms = it.next()?.to_string();
     let offset = u64::from_str_radix(it.next()?, 16).ok()?;
-    let _dev = it.next()?;
-    let _inode = it.next()?;
+    let dev = it.next()?.to_string();
+    let inode = it.next()?.parse().ok()?;
     let path = it.next().unwrap_or("").trim_start().to_string();
     let (start, end) = range.split_once('-')?;
     Some(Mapping {
@@ -241,6 +244,8 @@ fn parse_maps_line(line: &str) -> Option<Mapping> {
         offset,
         perms,
         path,
+        dev,
+        inode,
     })
 }
 

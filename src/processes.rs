@@ -17,6 +17,7 @@ use crate::gc_time::GcTime;
 use crate::process::Process;
 use crate::resolve::Resolver;
 use crate::target::RubyTarget;
+use crate::unwind::Unwinder;
 
 /// How long after an exec rprof keeps looking for a Ruby VM in the new
 /// program (the dynamic loader maps libruby after the exec; `bundle exec`
@@ -111,6 +112,8 @@ pub struct Processes {
     /// process and how many processes had it. (At most one entry per PID the
     /// system has; the profile holds a frame per process anyway.)
     pids: Option<HashMap<u32, (u64, u32)>>,
+    /// --native: the unwind tables and address spaces of the processes.
+    pub native: Option<Unwinder>,
 }
 
 /// How often processes waiting for their Ruby VM are looked at.
@@ -119,8 +122,9 @@ const INSPECT_EVERY: Duration = Duration::from_millis(20);
 impl Processes {
     /// `process_frames`: name each process in a frame (and so tell apart
     /// processes that had the same PID).
-    pub fn new(force_version: Option<String>, process_frames: bool) -> Self {
+    pub fn new(force_version: Option<String>, process_frames: bool, native: Option<Unwinder>) -> Self {
         Self {
+            native,
             pids: process_frames.then(HashMap::new),
             live: HashMap::new(),
             force_version,
@@ -144,7 +148,7 @@ impl Processes {
         // Created before its first sample: its first reading of the GC clock
         // lets it prove that no GC came between the first samples and their naming.
         let resolver = Resolver::new(&target);
-        self.start_profiling(probe, id, Vec::new(), Ruby { target, resolver }, false)
+        self.start_profiling(probe, id, Vec::new(), Ruby { target, resolver }, None)
     }
 
     /// Follows the processes already running under `root` (a cluster's
@@ -170,7 +174,7 @@ impl Processes {
             match RubyTarget::inspect(pid, self.force_version.as_deref()) {
                 Ok(target) if target.ready() && target.start_ticks == start_ticks => {
                     let resolver = Resolver::new(&target);
-                    self.start_profiling(probe, id, lineage, Ruby { target, resolver }, false)?;
+                    self.start_profiling(probe, id, lineage, Ruby { target, resolver }, None)?;
                 }
                 // Not a Ruby, or one still starting: looked at again for a while.
                 _ => {
@@ -203,20 +207,34 @@ impl Processes {
         seen.1
     }
 
+    /// Profiles `id`; `inherited_from`: a forked child BPF gave the recipe of
+    /// this parent at the fork.
     fn start_profiling(
         &mut self,
         probe: &mut Probe,
         id: ProcessId,
         lineage: Vec<String>,
         ruby: Ruby,
-        recipe_in_bpf: bool,
+        inherited_from: Option<u32>,
     ) -> Result<()> {
         let target = &ruby.target;
         probe.set_threads(id.pid, &target.ruby_threads().unwrap_or_default())?;
-        // A forked child got its recipe from BPF at the fork; adding it here
-        // again would bring it back if the child has ended meanwhile.
-        if !recipe_in_bpf {
-            probe.add_process(id.pid, &target.recipe())?;
+        match (inherited_from, &mut self.native) {
+            // A forked child got its recipe from BPF at the fork; adding it
+            // here again would bring it back if the child has ended meanwhile.
+            (Some(parent), Some(native)) => native.inherit(id.pid, id.start_ticks, parent),
+            (Some(_), None) => {}
+            (None, native) => {
+                let mut recipe = target.recipe();
+                if let Some(native) = native {
+                    // Without its mappings, its native stacks say so (and are counted).
+                    match native.attach(probe, target.process, id.start_ticks, Some(target.vm.clone())) {
+                        Ok(space) => recipe.native_space = space,
+                        Err(e) => eprintln!("rprof: warning: no native stacks for process {}: {e:#}", id.pid),
+                    }
+                }
+                probe.add_process(id.pid, &recipe)?;
+            }
         }
         self.ruby_versions.insert(target.version.to_string());
         let known = self.live.get(&id.pid).filter(|f| f.id == id);
@@ -251,6 +269,28 @@ impl Processes {
             .filter(|f| f.id.start_ticks == start_ticks)
     }
 
+    /// `get`, with the unwinder (--native) that knows its native code.
+    pub fn get_with_native(
+        &mut self,
+        pid: u32,
+        start_ticks: u64,
+    ) -> Option<(&mut Followed, Option<&Unwinder>)> {
+        let f = self
+            .live
+            .get_mut(&pid)
+            .filter(|f| f.id.start_ticks == start_ticks)?;
+        Some((f, self.native.as_ref()))
+    }
+
+    /// A native stack of `pid` left the mappings rprof knows: look again.
+    pub fn rescan_native(&mut self, probe: &mut Probe, pid: u32) {
+        if let Some(native) = &mut self.native {
+            if let Err(e) = native.rescan(probe, pid) {
+                eprintln!("rprof: warning: reading the mappings of process {pid} again: {e:#}");
+            }
+        }
+    }
+
     pub fn all(&mut self) -> impl Iterator<Item = &mut Followed> {
         self.live.values_mut()
     }
@@ -261,7 +301,7 @@ impl Processes {
         &mut self,
         probe: &mut Probe,
         e: &types::rprof_process_event,
-        on_exit: impl FnMut(&mut Followed),
+        on_exit: impl FnMut(&mut Followed, Option<&Unwinder>),
     ) -> Result<()> {
         let id = ProcessId {
             pid: e.pid,
@@ -294,7 +334,7 @@ impl Processes {
                         Resolver::new(&target)
                     };
                     // Unless the parent's own recipe reached BPF after the fork.
-                    let inherited = e.inherited != 0;
+                    let inherited = (e.inherited != 0).then_some(e.parent);
                     self.start_profiling(probe, id, lineage, Ruby { target, resolver }, inherited)?;
                 }
                 None => {
@@ -309,6 +349,9 @@ impl Processes {
                 f.ruby = None;
                 f.label = None;
                 f.inspect_until = Some(Instant::now() + INSPECT_FOR);
+                if let Some(native) = &mut self.native {
+                    native.forget(probe, id.pid);
+                }
             }
         } else if change == types::rprof_process_change::RPROF_PROCESS_EXIT
             && self.get(id.pid, id.start_ticks).is_some()
@@ -318,9 +361,14 @@ impl Processes {
         Ok(())
     }
 
-    fn forget(&mut self, probe: &mut Probe, pid: u32, on_exit: impl FnOnce(&mut Followed)) {
+    fn forget(
+        &mut self,
+        probe: &mut Probe,
+        pid: u32,
+        on_exit: impl FnOnce(&mut Followed, Option<&Unwinder>),
+    ) {
         if let Some(mut f) = self.live.remove(&pid) {
-            on_exit(&mut f);
+            on_exit(&mut f, self.native.as_ref());
             self.counts.ended += 1;
             // Its threads' entries come only from userspace: none of a newer
             // process on this PID can exist before its fork is read, later.
@@ -328,6 +376,9 @@ impl Processes {
             // Its recipe, if added after BPF dropped it at the exit (a Ruby
             // inspected just before it ended).
             probe.remove_process_of(pid, f.id.start_ticks);
+            if let Some(native) = &mut self.native {
+                native.forget(probe, pid);
+            }
         }
     }
 
@@ -335,7 +386,11 @@ impl Processes {
     /// record was lost to a full ring buffer; BPF forgot them already). Run
     /// once an epoch: a process found ended at two sweeps in a row has had
     /// every record it sent read.
-    pub fn sweep_ended(&mut self, probe: &mut Probe, mut on_exit: impl FnMut(&mut Followed)) {
+    pub fn sweep_ended(
+        &mut self,
+        probe: &mut Probe,
+        mut on_exit: impl FnMut(&mut Followed, Option<&Unwinder>),
+    ) {
         let mut gone = Vec::new();
         for f in self.live.values_mut() {
             let ended = !Process { pid: f.id.pid }.is_alive_since(f.id.start_ticks);
@@ -375,7 +430,7 @@ impl Processes {
             };
             if target.start_ticks == id.start_ticks && target.ready() {
                 let resolver = Resolver::new(&target);
-                self.start_profiling(probe, id, lineage, Ruby { target, resolver }, false)?;
+                self.start_profiling(probe, id, lineage, Ruby { target, resolver }, None)?;
             }
         }
         Ok(())

@@ -7,22 +7,24 @@ use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ExitStatus};
+use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use flamegraphs::{Frame, FrameKind, Profile, SvgOptions};
 use serde::{Deserialize, Serialize};
 
-use crate::bpf::{types, Probe, Record, Sample, Stats};
+use crate::bpf::{self, types, Probe, Record, Sample, Stats};
 use crate::cli::Format;
 use crate::error::UserError;
 use crate::gc_time::{GcTime, SampleTime};
 use crate::launch::{self, StopSignals};
 use crate::process::Process;
 use crate::processes::{Counts, Followed, ProcessId, Processes};
-use crate::resolve::Unknown;
+use crate::resolve::{self, NativeNames, RubyFrame, Unknown};
 use crate::system;
 use crate::target::RubyTarget;
+use crate::unwind::{self, Unwinder};
 
 /// Highest sampling frequency accepted.
 pub const MAX_FREQUENCY: u64 = 100_000;
@@ -58,6 +60,12 @@ pub struct RecordConfig {
     pub processes: bool,
     /// A frame per thread, under its process's.
     pub threads: bool,
+    /// Native frames stitched with the Ruby ones.
+    pub native: bool,
+    /// Keep the interpreter's own native frames (no folding).
+    pub native_all: bool,
+    /// Kernel frames at the leaf.
+    pub kernel: bool,
 }
 
 /// A recording as saved with `--format rprof`, re-rendered by `rprof report`.
@@ -91,9 +99,20 @@ pub fn record(cfg: RecordConfig) -> Result<Option<ExitStatus>> {
         system::tracefs()?;
     }
 
-    let mut probe = Probe::load()?;
+    let native_rows = cfg.native.then(|| {
+        // RPROF_UNWIND_ROWS: room for more (or fewer) table rows in BPF.
+        std::env::var("RPROF_UNWIND_ROWS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(unwind::DEFAULT_ROWS)
+    });
+    let mut probe = Probe::load(bpf::Options {
+        native_rows,
+        kernel: cfg.kernel,
+    })?;
     let signals = StopSignals::install()?;
-    let mut processes = Processes::new(cfg.force_version.clone(), cfg.processes);
+    let unwinder = native_rows.map(Unwinder::new);
+    let mut processes = Processes::new(cfg.force_version.clone(), cfg.processes, unwinder);
     if cfg.subprocesses {
         probe.attach_process_tracking()?;
     }
@@ -102,6 +121,9 @@ pub fn record(cfg: RecordConfig) -> Result<Option<ExitStatus>> {
         EventSpec::Syscalls(names) => names.clone(),
     };
     let mut collector = Collector::new(event_names.clone(), cfg.processes, cfg.threads);
+    if cfg.native || cfg.kernel {
+        collector.native = Some((NativeNames::default(), cfg.native_all));
+    }
     let mut child = None;
     let mut roots = Vec::new();
     match &cfg.target {
@@ -139,6 +161,7 @@ pub fn record(cfg: RecordConfig) -> Result<Option<ExitStatus>> {
         (Target::Pids(pids), None) => pids[0],
         (Target::Command(_), None) => 0,
     };
+    collector.warm(&processes, cfg.kernel);
     match &cfg.event {
         EventSpec::Cpu { frequency } => probe.attach_cpu_clock(*frequency)?,
         EventSpec::Syscalls(names) => {
@@ -179,6 +202,7 @@ pub fn record(cfg: RecordConfig) -> Result<Option<ExitStatus>> {
                 collector.on_record(r, &mut processes, &mut probe)?;
             }
             processes.inspect_pending(&mut probe)?;
+            collector.warm(&processes, cfg.kernel);
             for f in processes.all() {
                 if let Some(ruby) = &mut f.ruby {
                     ruby.resolver.tick();
@@ -197,7 +221,7 @@ pub fn record(cfg: RecordConfig) -> Result<Option<ExitStatus>> {
             }
             if epoch_started.elapsed() >= EPOCH {
                 collector.close_epoch(&mut probe, &mut processes, false)?;
-                processes.sweep_ended(&mut probe, |f| collector.flush(f));
+                processes.sweep_ended(&mut probe, |f, u| collector.flush(f, u));
                 processes.refresh_threads(&mut probe)?;
                 epoch_started = Instant::now();
             }
@@ -341,6 +365,12 @@ struct Collector {
     /// Tests: say on stderr when the first stack is named whole
     /// (`RPROF_SAY_NAMED=1`), so that they can starve rprof from then on.
     say_named: bool,
+    /// --native/--kernel: what names native frames, and whether to keep the
+    /// interpreter's own (--native-all).
+    native: Option<(NativeNames, bool)>,
+    /// Ruby frames named whole, by what they are (see `name_ruby`); emptied
+    /// every epoch.
+    named_ruby: HashMap<u64, Rc<Vec<RubyFrame>>>,
 }
 
 impl Collector {
@@ -359,18 +389,33 @@ impl Collector {
             unfollowed: 0,
             waiting_counts: HashMap::new(),
             say_named: std::env::var_os("RPROF_SAY_NAMED").is_some(),
+            native: None,
+            named_ruby: HashMap::new(),
+        }
+    }
+
+    /// Loads the native symbols of new files before their samples need them.
+    fn warm(&mut self, processes: &Processes, kernel: bool) {
+        if let (Some((names, _)), Some(unwinder)) = (&mut self.native, &processes.native) {
+            names.warm(unwinder, kernel);
         }
     }
 
     /// A record from BPF: a stack, or a change in the followed processes.
     fn on_record(&mut self, r: Record, processes: &mut Processes, probe: &mut Probe) -> Result<()> {
         match r {
-            Record::Sample(s) => match processes.get(s.header.pid, s.header.start_ticks) {
-                Some(f) => self.add_sample(s, f, false),
-                None => self.unfollowed += 1,
-            },
+            Record::Sample(s) => {
+                // Code loaded after rprof read the process's mappings.
+                if s.header.native_stop == types::rprof_native_stop::RPROF_NATIVE_NO_MAPPING.0 {
+                    processes.rescan_native(probe, s.header.pid);
+                }
+                match processes.get_with_native(s.header.pid, s.header.start_ticks) {
+                    Some((f, unwinder)) => self.add_sample(s, f, unwinder, false),
+                    None => self.unfollowed += 1,
+                }
+            }
             // An ending process's waiting records are named now, with what is known.
-            Record::Process(e) => processes.on_event(probe, &e, |f| self.flush(f))?,
+            Record::Process(e) => processes.on_event(probe, &e, |f, u| self.flush(f, u))?,
         }
         Ok(())
     }
@@ -379,11 +424,11 @@ impl Collector {
     /// still (or for good, `now`).
     fn retry(&mut self, now: bool, processes: &mut Processes) {
         for s in std::mem::take(&mut self.deferred) {
-            match processes.get(s.header.pid, s.header.start_ticks) {
-                Some(f) => {
+            match processes.get_with_native(s.header.pid, s.header.start_ticks) {
+                Some((f, unwinder)) => {
                     let settled = f.ruby.as_mut().is_some_and(|r| r.resolver.settled());
                     if now || settled {
-                        self.add_sample(s, f, true);
+                        self.add_sample(s, f, unwinder, true);
                     } else {
                         self.deferred.push(s);
                     }
@@ -394,20 +439,20 @@ impl Collector {
     }
 
     /// Names for good the waiting records of `f`, which is ending.
-    fn flush(&mut self, f: &mut Followed) {
+    fn flush(&mut self, f: &mut Followed, unwinder: Option<&Unwinder>) {
         let (mine, rest): (Vec<_>, Vec<_>) = std::mem::take(&mut self.deferred)
             .into_iter()
             .partition(|s| s.header.pid == f.id.pid && s.header.start_ticks == f.id.start_ticks);
         self.deferred = rest;
         for s in mine {
-            self.add_sample(s, f, true);
+            self.add_sample(s, f, unwinder, true);
         }
     }
 
     /// A record of process `f`. If the GC was busy while its frames were
     /// read, it waits (unless `last_try`) for the GC to stand still.
-    fn add_sample(&mut self, s: Sample, f: &mut Followed, last_try: bool) {
-        let (stack, unknown) = self.build_stack(&s, f);
+    fn add_sample(&mut self, s: Sample, f: &mut Followed, unwinder: Option<&Unwinder>, last_try: bool) {
+        let (stack, unknown) = self.build_stack(&s, f, unwinder);
         if !last_try && unknown.contains(&Unknown::GcBusy) {
             self.deferred.push(s);
             return;
@@ -450,7 +495,12 @@ impl Collector {
 
     /// Root first: processes, thread, [truncated], Ruby frames, then the traced event;
     /// and why frames could not be named.
-    fn build_stack(&mut self, s: &Sample, f: &mut Followed) -> (Vec<Frame>, Vec<Unknown>) {
+    fn build_stack(
+        &mut self,
+        s: &Sample,
+        f: &mut Followed,
+        unwinder: Option<&Unwinder>,
+    ) -> (Vec<Frame>, Vec<Unknown>) {
         let h = &s.header;
         let comm: Vec<u8> = h.comm.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
         let mut stack = Vec::with_capacity(s.frames.len() + 4);
@@ -478,31 +528,27 @@ impl Collector {
         if s.has(types::rprof_sample_flags::RPROF_SAMPLE_TRUNCATED) {
             stack.push(Frame::marker("[truncated]"));
         }
-        let mut unknown = Vec::new();
-        {
-            let time = if s.has(types::rprof_sample_flags::RPROF_SAMPLE_GC_EDGE) {
-                SampleTime::at_edge(GcTime(h.gc_time))
-            } else {
-                SampleTime::at(GcTime(h.gc_time))
-            };
-            let frames = if s.has(types::rprof_sample_flags::RPROF_SAMPLE_GC_MOVING) {
-                resolver.moving_stack(&s.frames, time)
-            } else {
-                resolver.stack(&s.frames, time)
-            };
-            for f in frames.into_iter().rev() {
-                match f {
-                    Ok(frame) => stack.push(frame),
-                    Err(Unknown::NotAFrame) => {}
-                    Err(why) => {
-                        unknown.push(why);
-                        stack.push(Frame::marker("[unknown]"));
-                    }
-                }
-            }
+        let (ruby, unknown) = self.name_ruby(s, resolver, unwinder);
+        match &mut self.native {
+            Some((names, all)) => stack.extend(resolve::stitched(
+                names,
+                unwinder,
+                h.pid,
+                &ruby,
+                &s.native,
+                h.native_stop,
+                &s.kernel,
+                *all,
+            )),
+            None => stack.extend(ruby.iter().rev().filter_map(|r| r.frame.clone())),
         }
-        // A thread running no Ruby: without its thread frame, say so.
-        if !self.thread_frames && s.frames.is_empty() && !stack.iter().any(|f| f.kind == FrameKind::Marker) {
+        // A thread running no Ruby: without its thread frame (or native
+        // frames), say so.
+        if !self.thread_frames
+            && s.frames.is_empty()
+            && s.native.is_empty()
+            && !stack.iter().any(|f| f.kind == FrameKind::Marker)
+        {
             stack.push(Frame::marker("[no Ruby frames]"));
         }
         if h.event > 0 {
@@ -514,6 +560,69 @@ impl Collector {
             stack.push(Frame::event(name));
         }
         (stack, unknown)
+    }
+
+    /// The sample's Ruby frames, named, leaf first, and why any could not be.
+    /// Samples that differ only in their native frames (most, with --native)
+    /// have the same Ruby frames at the same GC time, so the same objects:
+    /// one naming serves them all, however late the later ones are read.
+    fn name_ruby(
+        &mut self,
+        s: &Sample,
+        resolver: &mut crate::resolve::Resolver,
+        unwinder: Option<&Unwinder>,
+    ) -> (Rc<Vec<RubyFrame>>, Vec<Unknown>) {
+        use std::hash::{Hash, Hasher};
+        let h = &s.header;
+        let mut key = std::collections::hash_map::DefaultHasher::new();
+        let time_flags = types::rprof_sample_flags::RPROF_SAMPLE_GC_EDGE.0
+            | types::rprof_sample_flags::RPROF_SAMPLE_GC_MOVING.0;
+        (h.pid, h.start_ticks, h.gc_time, h.flags & time_flags).hash(&mut key);
+        for f in &s.frames {
+            (f.iseq, f.pc, f.cme, f.flags).hash(&mut key);
+        }
+        let key = key.finish();
+        if let Some(named) = self.named_ruby.get(&key) {
+            return (named.clone(), Vec::new());
+        }
+        let time = if s.has(types::rprof_sample_flags::RPROF_SAMPLE_GC_EDGE) {
+            SampleTime::at_edge(GcTime(h.gc_time))
+        } else {
+            SampleTime::at(GcTime(h.gc_time))
+        };
+        let frames = if s.has(types::rprof_sample_flags::RPROF_SAMPLE_GC_MOVING) {
+            resolver.moving_stack(&s.frames, time)
+        } else {
+            resolver.stack(&s.frames, time)
+        };
+        let mut unknown = Vec::new();
+        let mut ruby = Vec::with_capacity(frames.len());
+        for (named, raw) in frames.into_iter().zip(&s.frames) {
+            let frame = match named {
+                Ok(frame) => Some(frame),
+                Err(Unknown::NotAFrame) => None,
+                Err(why) => {
+                    unknown.push(why);
+                    Some(Frame::marker("[unknown]"))
+                }
+            };
+            // A C method's function, where its native frames start.
+            let cfunc = (raw.iseq == 0).then(|| {
+                let at = resolver.cfunc(raw.cme, time)?;
+                let code = unwinder?.locate(h.pid, at)?;
+                Some((code.file, code.vaddr))
+            });
+            ruby.push(RubyFrame {
+                frame,
+                finish: raw.flags & types::rprof_frame_flags::RPROF_FRAME_FINISH.0 != 0,
+                cfunc,
+            });
+        }
+        let ruby = Rc::new(ruby);
+        if unknown.is_empty() {
+            self.named_ruby.insert(key, ruby.clone());
+        }
+        (ruby, unknown)
     }
 
     /// Adds the closed epoch's counts to the profile. A stack still waiting
@@ -543,6 +652,7 @@ impl Collector {
         if last {
             self.undelivered += self.waiting_counts.drain().map(|(_, n)| n).sum::<u64>();
         }
+        self.named_ruby.clear();
         // Each epoch re-sends the stacks it sees: older ones can go.
         let keep = self.generation.saturating_sub(1);
         self.stacks.retain(|_, (_, gen, _)| *gen >= keep);
@@ -612,6 +722,22 @@ fn print_summary(
     }
     if stats.no_ec > 0 {
         notes.push(format!("{} in threads running no Ruby", stats.no_ec));
+    }
+    let stopped: u64 = stats.native_stops.iter().skip(1).sum();
+    if stopped > 0 {
+        let why: Vec<String> = stats
+            .native_stops
+            .iter()
+            .enumerate()
+            .skip(1)
+            .filter(|(_, n)| **n > 0)
+            .map(|(i, n)| format!("{n} {}", resolve::native_stop_name(i)))
+            .collect();
+        notes.push(format!(
+            "native stacks: {} whole, {stopped} stopped early ({})",
+            stats.native_stops[0],
+            why.join(", ")
+        ));
     }
     if stats.agg_full > 0 {
         notes.push(format!(

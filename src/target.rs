@@ -15,6 +15,7 @@ use crate::elf::{self, ElfImage, TlsReloc};
 use crate::error::UserError;
 use crate::gc_time::GcClock;
 use crate::process::{Mapping, Process};
+use crate::unwind::VmImage;
 
 /// How a thread's execution context is found from its thread pointer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,6 +44,8 @@ pub struct RubyTarget {
     pub global_symbols: GlobalSymbols,
     /// Where the GC keeps its clock; None until the VM has been set up.
     pub gc: Option<GcClock>,
+    /// The VM's ELF file and its interpreter entry, to stitch native stacks.
+    pub vm: VmImage,
 }
 
 impl RubyTarget {
@@ -52,7 +55,7 @@ impl RubyTarget {
         let process = Process::open(pid)?;
         let start_ticks = process.start_ticks().ok_or(UserError::NoSuchProcess { pid })?;
         let maps = process.maps()?;
-        let (image, _vm_path, bias) = find_vm(&process, &maps)?;
+        let (image, vm_path, bias) = find_vm(&process, &maps)?;
         let version_sym = image
             .symbol("ruby_version")
             .context("the Ruby VM has no ruby_version symbol")?;
@@ -89,6 +92,10 @@ impl RubyTarget {
         let global_symbols = find_global_symbols(&process, &image, bias, &layout);
         let gc = find_gc_clock(&process, &image, bias, &layout)
             .with_context(|| format!("finding the GC state of Ruby {version}"))?;
+        let vm = VmImage {
+            maps_path: vm_path,
+            vm_exec: find_vm_exec(&image),
+        };
         Ok(Self {
             process,
             start_ticks,
@@ -97,6 +104,7 @@ impl RubyTarget {
             ec_access,
             global_symbols,
             gc,
+            vm,
         })
     }
 
@@ -194,6 +202,8 @@ impl RubyTarget {
             gc_count_addr: self.gc.map_or(0, |g| g.count),
             th_dedicated_byte: l.thread.dedicated_nt_byte.unwrap_or(0),
             th_dedicated_mask: l.thread.dedicated_nt_mask.map_or(0, u32::from),
+            native_space: 0,
+            frame_flag_finish: l.frame.flag_finish as u32,
         }
     }
 }
@@ -293,6 +303,18 @@ fn find_vm(process: &Process, maps: &[Mapping]) -> Result<(ElfImage, String, u64
         exe: process.exe_name(),
     }
     .into())
+}
+
+/// `rb_vm_exec`, where native code enters the interpreter (`vm_exec` is a
+/// macro for it): by name, or, where Ruby 3.3+ hides it, as the function
+/// `rb_iseq_eval_main` ends by jumping to (`return vm_exec(ec)`).
+fn find_vm_exec(image: &ElfImage) -> Option<u64> {
+    if let Some(sym) = image.symbol("rb_vm_exec") {
+        return Some(sym.value);
+    }
+    let main = image.symbol("rb_iseq_eval_main")?;
+    let code = image.bytes_at(main.value, 256)?;
+    disasm::first_tail_call(&code, main.value)
 }
 
 fn file_name(path: &str) -> &str {

@@ -96,15 +96,19 @@ fn lineages(run: &common::Run, pid: &str) -> Vec<Vec<String>> {
     all.into_iter().collect()
 }
 
-#[test]
-fn a_puma_cluster_is_followed_from_its_master_and_a_killed_worker_replaced() {
+/// A Puma cluster under load, recorded for 5 s from its master with
+/// `--subprocesses --processes` and `args`, while a worker is killed and
+/// re-forked: (the recording, the master, its first two workers, the replacement).
+fn record_puma_with_a_killed_worker(args: &[&str]) -> (common::Run, u32, Vec<String>, String) {
     let port = free_port();
     let dir = tempfile::tempdir().expect("tempdir");
     let mut puma = start("puma", "puma.rb", port, dir.path());
     let master = puma.pid;
     let first = workers(&mut puma, 2);
     // Attached to the running cluster: its workers exist already.
-    let rprof = attach(master, &["--subprocesses", "--processes", "-F", "499", "-d", "5"]);
+    let mut all = vec!["--subprocesses", "--processes", "-F", "499", "-d", "5"];
+    all.extend_from_slice(args);
+    let rprof = attach(master, &all);
     let mut wrk = load(port, 4);
     // A worker dies; Puma forks a replacement, which must be followed too.
     std::thread::sleep(Duration::from_millis(1500));
@@ -113,6 +117,12 @@ fn a_puma_cluster_is_followed_from_its_master_and_a_killed_worker_replaced() {
     let _ = wrk.wait();
     let run = rprof.finish();
     assert!(run.success, "{}", run.stderr);
+    (run, master, first, replacement)
+}
+
+#[test]
+fn a_puma_cluster_is_followed_from_its_master_and_a_killed_worker_replaced() {
+    let (run, master, first, replacement) = record_puma_with_a_killed_worker(&[]);
     let by = assert_served(&run, &[&first[0], &first[1], &replacement]);
     assert!(
         !by.contains_key("none") && !by.contains_key(&master.to_string()),
@@ -207,6 +217,45 @@ fn a_unicorn_cluster_is_followed_through_a_usr2_re_exec_and_its_old_master_quitt
         assert_eq!(
             lineages(&run, worker),
             [vec![old_root.clone(), new_root.clone(), own]]
+        );
+    }
+}
+
+/// --native on a Puma cluster, from its master, while a worker is killed
+/// and re-forked: every worker's stacks are stitched whole, from the
+/// thread's start (`start_thread`) through its Ruby frames, the forked
+/// workers sharing their master's unwind tables.
+#[test]
+fn a_puma_cluster_with_native_frames() {
+    let (run, _, first, replacement) = record_puma_with_a_killed_worker(&["--native"]);
+    assert_served(&run, &[&first[0], &first[1], &replacement]);
+    for worker in [&first[0], &first[1], &replacement] {
+        let (mut total, mut whole) = (0, 0);
+        for (stack, n) in &run.folded.stacks {
+            if common::process_of(stack) != Some(worker.as_str())
+                || !stack.iter().any(|f| label(f) == "HotApp#handle")
+            {
+                continue;
+            }
+            total += n;
+            // After the process and thread frames, the native part, down to
+            // the thread's first Ruby frame.
+            let natives: Vec<&String> = stack
+                .iter()
+                .skip_while(|f| f.starts_with("process ") || f.contains(" ["))
+                .take_while(|f| f.ends_with("_[n]"))
+                .collect();
+            if natives.first().is_some_and(|f| *f == "clone3_[n]")
+                && natives.iter().any(|f| *f == "start_thread_[n]")
+                && !stack.iter().any(|f| f.contains("native unwind stopped"))
+            {
+                whole += n;
+            }
+        }
+        assert!(
+            total >= 20 && whole * 100 >= total * 95,
+            "worker {worker}: {whole} of {total} HotApp#handle samples stitched from start_thread: {}",
+            run.stderr
         );
     }
 }

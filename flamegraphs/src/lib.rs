@@ -31,8 +31,13 @@ pub enum FrameKind {
     Thread,
     /// Code with a source location (a Ruby method, block, ...).
     Code,
-    /// A method implemented in C: no source line of its own.
-    Native,
+    /// A Ruby method implemented in C: no source line of its own.
+    #[serde(alias = "Native")]
+    CMethod,
+    /// A native function (C, the interpreter, libc), shown `name_[n]`.
+    NativeCode,
+    /// A kernel function, shown `name_[k]`.
+    Kernel,
     /// The traced event itself (a system call), at the leaf.
     Event,
     /// Not code: `[truncated]`, `[unknown]`, `[GVL released]`...
@@ -63,8 +68,17 @@ impl Frame {
             line: Some(line),
         }
     }
-    pub fn native(name: impl Into<String>) -> Self {
-        Self::named(FrameKind::Native, name)
+    /// A Ruby method implemented in C (`Integer#times`).
+    pub fn cmethod(name: impl Into<String>) -> Self {
+        Self::named(FrameKind::CMethod, name)
+    }
+    /// A native function (`rb_ary_sort_bang`, `libruby.so.3.4+0x1f2e0`).
+    pub fn native_code(name: impl Into<String>) -> Self {
+        Self::named(FrameKind::NativeCode, name)
+    }
+    /// A kernel function.
+    pub fn kernel(name: impl Into<String>) -> Self {
+        Self::named(FrameKind::Kernel, name)
     }
     pub fn event(name: impl Into<String>) -> Self {
         Self::named(FrameKind::Event, name)
@@ -83,12 +97,19 @@ impl Frame {
 }
 
 impl fmt::Display for Frame {
-    /// `label (path:line)`, or the bare name for frames without a location.
+    /// `label (path:line)`, or the bare name for frames without a location;
+    /// native and kernel functions carry the suffixes `_[n]` and `_[k]`
+    /// (FlameGraph's convention for kernel frames).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match (&self.file, self.line) {
             (Some(file), Some(line)) => write!(f, "{} ({}:{})", self.name, file, line),
             (Some(file), None) => write!(f, "{} ({})", self.name, file),
             _ => write!(f, "{}", self.name),
+        }?;
+        match self.kind {
+            FrameKind::NativeCode => f.write_str("_[n]"),
+            FrameKind::Kernel => f.write_str("_[k]"),
+            _ => Ok(()),
         }
     }
 }
@@ -218,6 +239,13 @@ impl Profile {
         opts.hash = true;
         opts.colors =
             inferno::flamegraph::color::Palette::Basic(inferno::flamegraph::color::BasicPalette::Hot);
+        // Each kind of frame in its own colours: Ruby red, C methods yellow,
+        // native code blue, the kernel green.
+        let mut palette = inferno::flamegraph::color::PaletteMap::default();
+        for frame in &self.frames {
+            palette.insert(folded_name(frame), color_of(frame));
+        }
+        opts.palette_map = Some(&mut palette);
         if lines.is_empty() {
             // inferno refuses an empty profile; say so in the picture instead.
             opts.subtitle = Some("no samples were recorded".to_string());
@@ -234,6 +262,25 @@ impl Profile {
 /// separates the count, so neither may appear unescaped inside a name.
 fn folded_name(frame: &Frame) -> String {
     frame.to_string().replace(';', ":").replace('\n', " ")
+}
+
+/// A frame's colour: its kind's hue, shaded by its name so that neighbours differ.
+fn color_of(frame: &Frame) -> inferno::flamegraph::color::Color {
+    let h = frame
+        .name
+        .bytes()
+        .fold(0x811c9dc5u32, |h, b| (h ^ b as u32).wrapping_mul(0x01000193));
+    let v = |lo: u8, span: u8, shift: u32| lo + ((h >> shift) % (span as u32 + 1)) as u8;
+    let (r, g, b) = match frame.kind {
+        FrameKind::Code => (v(205, 50, 0), v(60, 70, 8), v(40, 30, 16)),
+        FrameKind::CMethod => (v(215, 40, 0), v(185, 45, 8), v(40, 40, 16)),
+        FrameKind::NativeCode => (v(70, 50, 0), v(140, 50, 8), v(205, 45, 16)),
+        FrameKind::Kernel => (v(90, 50, 0), v(180, 50, 8), v(80, 40, 16)),
+        FrameKind::Process | FrameKind::Thread => (v(160, 30, 0), v(140, 30, 8), v(200, 30, 16)),
+        FrameKind::Event => (v(180, 30, 0), v(80, 30, 8), v(80, 30, 16)),
+        FrameKind::Marker => (v(170, 30, 0), v(170, 30, 0), v(170, 30, 0)),
+    };
+    inferno::flamegraph::color::Color { r, g, b }
 }
 
 /// How an SVG is drawn.
@@ -274,7 +321,7 @@ mod tests {
             &[
                 t.clone(),
                 Frame::code("a", "x.rb", 1),
-                Frame::native("Integer#times"),
+                Frame::cmethod("Integer#times"),
             ],
             3,
         );
@@ -282,7 +329,7 @@ mod tests {
             &[
                 t.clone(),
                 Frame::code("a", "x.rb", 1),
-                Frame::native("Integer#times"),
+                Frame::cmethod("Integer#times"),
             ],
             2,
         );

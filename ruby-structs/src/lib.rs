@@ -105,6 +105,9 @@ pub struct Frame {
     pub magic_cfunc: u64,
     pub magic_ifunc: u64,
     pub magic_dummy: u64,
+    /// `VM_FRAME_FLAG_FINISH`: set on the frame each native call into the VM
+    /// (`vm_exec`) runs first, which is how Ruby and native frames are stitched.
+    pub flag_finish: u64,
     pub env_flag_local: u64,
     pub ep_me_cref: u32,
     pub ep_specval: u32,

@@ -128,6 +128,8 @@ int main(void)
     P("magic_cfunc", VM_FRAME_MAGIC_CFUNC);
     P("magic_ifunc", VM_FRAME_MAGIC_IFUNC);
     P("magic_dummy", VM_FRAME_MAGIC_DUMMY);
+    /* The frame a native call into the VM (vm_exec) runs first. */
+    P("flag_finish", VM_FRAME_FLAG_FINISH);
     P("env_flag_local", VM_ENV_FLAG_LOCAL);
     P("ep_me_cref", (unsigned long)(-(long)VM_ENV_DATA_INDEX_ME_CREF));
     P("ep_specval", (unsigned long)(-(long)VM_ENV_DATA_INDEX_SPECVAL));

@@ -42,6 +42,8 @@ impl Iseq {
 pub struct MethodEntry {
     pub owner: Option<u64>,
     pub original_id: Option<u64>,
+    /// A C method's function (`def->body.cfunc.func`), where its native frames start.
+    pub cfunc: Option<u64>,
 }
 
 /// What a class or module is, for naming methods after it.
@@ -180,12 +182,26 @@ impl Memory {
             .ok()
             .filter(|&o| Self::is_object(o));
         let def = self.process.read_u64(cme + l.def as u64).ok()?;
-        let original_id = if def == 0 {
-            None
+        let (original_id, cfunc) = if def == 0 {
+            (None, None)
         } else {
-            self.process.read_u64(def + l.def_original_id as u64).ok()
+            // The method type is the low bits of the definition's first word.
+            let is_cfunc = self
+                .process
+                .read_u32(def)
+                .is_ok_and(|w| u64::from(w & 0xf) == l.type_cfunc as u64);
+            (
+                self.process.read_u64(def + l.def_original_id as u64).ok(),
+                is_cfunc
+                    .then(|| self.process.read_u64(def + l.def_body as u64).ok())
+                    .flatten(),
+            )
         };
-        Some(MethodEntry { owner, original_id })
+        Some(MethodEntry {
+            owner,
+            original_id,
+            cfunc,
+        })
     }
 
     /// A class, module or singleton class, as rb_gen_method_name needs it.

@@ -12,6 +12,8 @@
 
 mod facts;
 mod memory;
+mod native;
+mod stitch;
 
 use std::collections::HashMap;
 use std::fmt;
@@ -25,8 +27,11 @@ use crate::bpf::types;
 use crate::gc_time::{bracket, GcClock, GcTime, MajorLog, Reading, SampleTime};
 use crate::process::Process;
 use crate::target::{GlobalSymbols, RubyTarget};
+use crate::unwind::Unwinder;
 use facts::{Facts, Stamp};
 use memory::{Class, Header, Iseq, Memory, MethodEntry};
+pub use native::NativeNames;
+pub use stitch::RubyFrame;
 
 /// Why a frame could not be named.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -274,6 +279,13 @@ impl Resolver {
         }
     }
 
+    /// The function of the C method whose method entry is at `cme`, from
+    /// what naming its frame read (no new read).
+    pub fn cfunc(&mut self, cme: u64, sample: SampleTime) -> Option<u64> {
+        self.now = None;
+        self.method(cme, sample).ok()?.0?.cfunc
+    }
+
     /// Whether the GC stands still now (reads can be made).
     pub fn settled(&mut self) -> bool {
         self.read_clock().is_some_and(|r| !r.unsettled)
@@ -299,7 +311,7 @@ impl Resolver {
         if f.iseq != 0 {
             self.ruby_frame(f.iseq, f.pc, f.cme, sample)
         } else {
-            self.cfunc_label(f.cme, sample).map(Frame::native)
+            self.cfunc_label(f.cme, sample).map(Frame::cmethod)
         }
     }
 
@@ -544,4 +556,89 @@ fn lookup<T: Clone>(
     *serial += 1;
     facts.read(addr, value.clone(), stamp, *serial);
     Ok((value, *serial, true))
+}
+
+/// Why a native stack ended early, as its marker says it.
+fn native_stop_reason(stop: u32) -> Option<&'static str> {
+    use types::rprof_native_stop as S;
+    Some(match types::rprof_native_stop(stop as _) {
+        S::RPROF_NATIVE_DONE => return None,
+        S::RPROF_NATIVE_NO_MAPPING => "code outside its known mappings",
+        S::RPROF_NATIVE_NO_CFI => "no unwind info",
+        S::RPROF_NATIVE_UNSUPPORTED => "unsupported unwind info",
+        S::RPROF_NATIVE_READ_FAILED => "stack unreadable",
+        S::RPROF_NATIVE_BAD_FRAME => "bad frame",
+        S::RPROF_NATIVE_TRUNCATED => "too deep",
+        S::RPROF_NATIVE_NO_SPACE => "mappings unknown",
+        S::RPROF_NATIVE_JIT => "JIT code",
+        _ => "unknown reason",
+    })
+}
+
+/// What the summary calls each reason a native stack ended early, by
+/// `enum rprof_native_stop`.
+pub fn native_stop_name(stop: usize) -> &'static str {
+    native_stop_reason(stop as u32).unwrap_or("whole")
+}
+
+/// Names a sample's native frames (leaf first, as BPF sent them) and
+/// stitches them with its Ruby frames (named, leaf first); then its kernel
+/// frames. Root first. `all`: keep the interpreter's own frames.
+#[allow(clippy::too_many_arguments)]
+pub fn stitched(
+    names: &mut NativeNames,
+    unwinder: Option<&Unwinder>,
+    pid: u32,
+    ruby: &[RubyFrame],
+    native: &[types::rprof_native_frame],
+    stop: u32,
+    kernel: &[u64],
+    all: bool,
+) -> Vec<Frame> {
+    let vm_exec = unwinder.and_then(|u| u.vm_exec(pid));
+    let frames: Vec<stitch::NativeFrame> = native
+        .iter()
+        .map(|n| {
+            let sym = unwinder.and_then(|u| names.user(u, n.file, n.addr));
+            let Some(sym) = sym else {
+                // Code a JIT compiled from Ruby stands for the Ruby frames
+                // (folded like the interpreter).
+                let jit = n.file == 0 && unwinder.is_some_and(|u| u.is_jit(pid, n.addr));
+                return stitch::NativeFrame {
+                    frame: Frame::native_code(if jit { "[JIT code]" } else { "[unknown code]" }),
+                    file: n.file,
+                    start: None,
+                    named: false,
+                    plumbing: false,
+                    in_vm: jit,
+                    entry: false,
+                };
+            };
+            let in_vm = vm_exec.is_some_and(|v| v.file == n.file);
+            let name = sym.name.as_deref();
+            stitch::NativeFrame {
+                frame: Frame::native_code(&*sym.label),
+                file: n.file,
+                start: sym.start,
+                named: name.is_some(),
+                plumbing: name.is_some_and(stitch::is_plumbing),
+                in_vm,
+                entry: in_vm
+                    && (vm_exec.is_some_and(|v| sym.start == Some(v.vaddr))
+                        || name.is_some_and(|n| n.split('.').next() == Some("rb_vm_exec"))),
+            }
+        })
+        .collect();
+    let reason = native_stop_reason(stop);
+    let marker = reason.map(|r| Frame::marker(format!("[native unwind stopped: {r}]")));
+    let mut out = stitch::stitch(ruby, &frames, reason.is_none(), marker, all);
+    // The kernel's frames, root first, without the tracing that took the sample.
+    let kernel: Vec<std::rc::Rc<str>> = kernel.iter().map(|&a| names.kernel(a)).collect();
+    let skip = if all {
+        0
+    } else {
+        kernel.iter().take_while(|n| stitch::is_kernel_tracing(n)).count()
+    };
+    out.extend(kernel[skip..].iter().rev().map(|n| Frame::kernel(&**n)));
+    out
 }

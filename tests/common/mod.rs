@@ -68,7 +68,7 @@ impl Ruby {
         };
         match name {
             "3.1" => Ruby::host(),
-            "3.1-static" | "3.3-yjit" => {
+            "3.1-static" | "3.3-yjit" | "3.3-fp" => {
                 let exe = cache.join(format!("ruby-{name}/bin/ruby"));
                 assert!(
                     exe.exists(),
@@ -128,6 +128,62 @@ impl Ruby {
         let mut cmd = self.interpreter(&[&path]);
         cmd.args(args);
         cmd
+    }
+
+    /// Builds the tests' C extension (tests/ruby/native_ext) with this
+    /// Ruby's own mkmf and compiler (in its chroot, if any); returns its
+    /// directory as this Ruby sees it.
+    pub fn build_native_ext(&self) -> String {
+        let src = scripts_dir().join("native_ext");
+        let (host_dir, seen_as) = match &self.root {
+            Some(root) => (
+                root.join("tmp/rprof-tests/native_ext"),
+                "/tmp/rprof-tests/native_ext".to_string(),
+            ),
+            None => {
+                let safe: String = self
+                    .name
+                    .chars()
+                    .map(|c| {
+                        if c.is_ascii_alphanumeric() || c == '.' {
+                            c
+                        } else {
+                            '-'
+                        }
+                    })
+                    .collect();
+                let dir = std::env::temp_dir().join(format!("rprof-native-ext-{safe}"));
+                let seen = dir.display().to_string();
+                (dir, seen)
+            }
+        };
+        let _ = std::fs::remove_dir_all(&host_dir);
+        std::fs::create_dir_all(&host_dir).expect("extension build directory");
+        for f in ["rprof_native.c", "extconf.rb"] {
+            std::fs::copy(src.join(f), host_dir.join(f)).expect("copy the extension's source");
+        }
+        let script = format!("cd '{seen_as}' && '{}' extconf.rb && make", self.exe);
+        let mut cmd = match &self.root {
+            Some(root) => {
+                let mut c = Command::new("chroot");
+                c.arg(root).args(["sh", "-c", &script]);
+                c
+            }
+            None => {
+                let mut c = Command::new("sh");
+                c.args(["-c", &script]);
+                c
+            }
+        };
+        let out = cmd.output().expect("run mkmf");
+        assert!(
+            out.status.success(),
+            "Ruby {}: building the C extension failed: {}{}",
+            self.name,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        seen_as
     }
 
     /// Starts `script` and waits for it to print a line starting with "ready".
