@@ -125,10 +125,13 @@ class BpfStats:
 
     @staticmethod
     def read(pid, prog_type):
-        """(nanoseconds, runs) of `pid`'s BPF programs of `prog_type`."""
+        """(nanoseconds, events) of `pid`'s BPF programs of `prog_type`: the
+        time of all of them, and the runs of the one that runs at every event
+        (rprof --native continues an event in a second program, by tail call,
+        so one event is two runs)."""
         ns = runs = 0
         for info in BpfStats._programs(pid):
             if info.get("prog_type") == str(prog_type):
                 ns += int(info.get("run_time_ns", "0"))
-                runs += int(info.get("run_cnt", "0"))
+                runs = max(runs, int(info.get("run_cnt", "0")))
         return ns, runs

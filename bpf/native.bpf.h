@@ -38,6 +38,14 @@ struct {
 	__type(value, struct rprof_unwind_rule);
 } unwind_rules SEC(".maps");
 
+/* Per file and page of its code: the row covering the page's start. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1); /* sized by userspace with --native */
+	__type(key, __u32);
+	__type(value, __u32);
+} unwind_pages SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 1); /* sized by userspace with --native */
@@ -129,16 +137,30 @@ static __always_inline struct rprof_mapping *find_mapping(struct rprof_space *sp
 
 /* The rule for vaddr `pc` of `file`; 0 when no row covers it (the rows end
  * with a RPROF_CFA_NONE row past the last function, and fill gaps between
- * functions with one). */
-static __always_inline struct rprof_unwind_rule *find_rule(struct rprof_unwind_file *file, __u64 pc)
+ * functions with one). `*func` gets where pc's function starts, or 0. */
+static __always_inline struct rprof_unwind_rule *find_rule(struct rprof_unwind_file *file, __u64 pc,
+							   __u64 *func)
 {
 	struct search_ctx c = {.first = file->first, .hi = file->count};
 	struct rprof_unwind_row *row;
-	__u32 key;
+	__u32 key, page, *at;
 
 	if (pc < file->base || pc - file->base > 0xffffffffULL || !c.hi)
 		return 0;
 	c.key = pc - file->base;
+	/* Only the rows of pc's page: from the one covering its start to the
+	 * one covering the next page's. */
+	page = c.key >> RPROF_UNWIND_PAGE_SHIFT;
+	if (page < file->pages) {
+		key = file->first_page + page;
+		at = bpf_map_lookup_elem(&unwind_pages, &key);
+		if (at && *at < c.hi)
+			c.lo = *at;
+		key++;
+		at = page + 1 < file->pages ? bpf_map_lookup_elem(&unwind_pages, &key) : 0;
+		if (at && *at + 1 < c.hi && *at + 1 > c.lo)
+			c.hi = *at + 1;
+	}
 	bpf_loop(ROW_SEARCH_STEPS, row_step, &c, 0);
 	if (c.lo == 0)
 		return 0;
@@ -146,6 +168,13 @@ static __always_inline struct rprof_unwind_rule *find_rule(struct rprof_unwind_f
 	row = bpf_map_lookup_elem(&unwind_rows, &key);
 	if (!row)
 		return 0;
+	if (row->back != 0xffff && row->back < c.lo) {
+		__u32 at = key - row->back;
+		struct rprof_unwind_row *first = bpf_map_lookup_elem(&unwind_rows, &at);
+
+		if (first)
+			*func = file->base + first->pc;
+	}
 	key = row->rule;
 	return bpf_map_lookup_elem(&unwind_rules, &key);
 }
@@ -218,7 +247,7 @@ static long unwind_step(__u32 i, struct unwind_ctx *u)
 	struct rprof_unwind_file *file = 0;
 	struct rprof_native_frame *f;
 	struct rprof_mapping *m;
-	__u64 addr, cfa = 0, ra = 0, old_sp = u->sp;
+	__u64 addr, cfa = 0, ra = 0, old_sp = u->sp, func = 0;
 	__u32 key, slot;
 
 	/* The loop index, not a count kept in `u`: the verifier does not know
@@ -247,7 +276,11 @@ static long unwind_step(__u32 i, struct unwind_ctx *u)
 		key = m->file;
 		file = bpf_map_lookup_elem(&unwind_files, &key);
 		if (file)
-			rule = find_rule(file, f->addr);
+			rule = find_rule(file, f->addr, &func);
+		/* A frame is its function: stacks that differ only in where
+		 * their functions are at are counted as one, in the kernel. */
+		if (rule && func && rule->cfa != RPROF_CFA_NONE && rule->cfa != RPROF_CFA_SIGNAL)
+			f->addr = func;
 	}
 	u->hash = mix(u->hash, f->addr ^ ((__u64)f->file << 44));
 	if (!m) {
@@ -293,6 +326,20 @@ static long unwind_step(__u32 i, struct unwind_ctx *u)
 			u->stop = RPROF_NATIVE_UNSUPPORTED;
 			return 1;
 		}
+		if (rule->rbp == RPROF_RBP_AT_CFA && rule->rbp_off == -16) {
+			/* The usual frame: saved rbp right below the return
+			 * address, both in one read. */
+			__u64 saved[2];
+
+			if (bpf_probe_read_user(saved, sizeof(saved), (void *)(cfa - 16))) {
+				u->stop = RPROF_NATIVE_READ_FAILED;
+				return 1;
+			}
+			u->bp = saved[0];
+			ra = saved[1];
+			u->bp_known = true;
+			goto step;
+		}
 		if (rule->rbp == RPROF_RBP_AT_CFA) {
 			if (read_word(cfa + rule->rbp_off, &u->bp)) {
 				u->stop = RPROF_NATIVE_READ_FAILED;
@@ -307,6 +354,7 @@ static long unwind_step(__u32 i, struct unwind_ctx *u)
 		u->stop = RPROF_NATIVE_READ_FAILED;
 		return 1;
 	}
+step:
 	/* The caller's frame is above this one; a zero return address ends
 	 * the stack (the ABI's convention for the outermost frame). */
 	if (!ra) {

@@ -41,6 +41,7 @@ struct scratch {
 	/* Twice the largest read, so a masked length always fits (see CLAMPED). */
 	__u8 cfps[2 * CFP_BYTES];
 	__u8 vstack[2 * RPROF_VSTACK_WINDOW];
+	__u64 ruby_hash; /* of the Ruby frames, for the native program (tail call) */
 };
 
 struct {
@@ -135,6 +136,7 @@ enum rprof_rbp_kind rprof_rbp_kind_type;
 enum rprof_file_flags rprof_file_flags_type;
 enum rprof_mapping_kind rprof_mapping_kind_type;
 enum rprof_native_stop rprof_native_stop_type;
+enum rprof_unwind_page rprof_unwind_page_type;
 
 struct walk_ctx {
 	struct scratch *s;
@@ -597,7 +599,46 @@ static __always_inline __u64 other_stacks(void *ctx, struct rprof_proc *p, struc
 	return hash;
 }
 
-static __always_inline int on_event(void *ctx, __u32 event)
+/* The stack's identity, from the hash of its frames and its header; then counted. */
+static __always_inline void finish(struct scratch *s, __u64 frames_hash)
+{
+	struct rprof_sample_header *h = &s->hdr;
+
+	h->hash = finish_hash(
+	    mix(mix(mix(mix(mix(mix(frames_hash, ((__u64)h->tid << 32) | h->event), h->flags),
+			    h->nframes),
+			h->gc_time),
+		    h->ruby_thread),
+		h->start_ticks));
+	count_stack(s);
+}
+
+int on_cpu_sample_native(struct bpf_perf_event_data *ctx);
+int on_tracepoint_native(void *ctx);
+
+/* The programs on_event continues in with --native/--kernel: one array per
+ * kind of program (an array serves programs of one type). */
+struct {
+	__uint(type, BPF_MAP_TYPE_PROG_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__array(values, int(void *));
+} tail_perf_event SEC(".maps") = {
+    .values = {(void *)&on_cpu_sample_native},
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PROG_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__array(values, int(void *));
+} tail_tracepoint SEC(".maps") = {
+    .values = {(void *)&on_tracepoint_native},
+};
+
+/* `tracepoint` is a constant at each call: a program may only use the
+ * program array of its own type. */
+static __always_inline int on_event(void *ctx, __u32 event, const bool tracepoint)
 {
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 tgid = id >> 32, tid = (__u32)id, slot;
@@ -662,28 +703,62 @@ static __always_inline int on_event(void *ctx, __u32 event)
 		stat_inc(RPROF_STAT_FOREIGN_EC);
 
 	s->hdr.nframes = w.out;
-	if (native_stacks || kernel_stacks)
-		w.hash = other_stacks(ctx, p, s, w.hash);
-	s->hdr.hash = finish_hash(
-	    mix(mix(mix(mix(mix(mix(w.hash, ((__u64)tid << 32) | event), s->hdr.flags), w.out),
-			s->hdr.gc_time),
-		    s->hdr.ruby_thread),
-		p->start_ticks));
-	count_stack(s);
+	if (native_stacks || kernel_stacks) {
+		/* The native and kernel stacks in a program of their own, which
+		 * the verifier checks apart from this one. */
+		s->ruby_hash = w.hash;
+		/* Said if the tail call cannot be made (it always can). */
+		s->hdr.native_stop = native_stacks ? RPROF_NATIVE_NO_SPACE : 0;
+		if (tracepoint)
+			bpf_tail_call(ctx, &tail_tracepoint, 0);
+		else
+			bpf_tail_call(ctx, &tail_perf_event, 0);
+	}
+	finish(s, w.hash);
 	return 0;
+}
+
+/* With --native/--kernel, after on_event: the stacks beyond Ruby's, for the
+ * event whose Ruby frames are in scratch slot `slot`, then counting. */
+static __always_inline int on_event_native(void *ctx, __u32 slot)
+{
+	struct scratch *s = bpf_map_lookup_elem(&scratch, &slot);
+	struct rprof_proc *p;
+	__u32 tgid;
+
+	if (!s)
+		return 0;
+	tgid = s->hdr.pid;
+	p = bpf_map_lookup_elem(&procs, &tgid);
+	if (!p)
+		return 0;
+	finish(s, other_stacks(ctx, p, s, s->ruby_hash));
+	return 0;
+}
+
+SEC("perf_event")
+int on_cpu_sample_native(struct bpf_perf_event_data *ctx)
+{
+	return on_event_native(ctx, bpf_get_smp_processor_id() * 2);
+}
+
+SEC("tracepoint")
+int on_tracepoint_native(void *ctx)
+{
+	return on_event_native(ctx, bpf_get_smp_processor_id() * 2 + 1);
 }
 
 SEC("perf_event")
 int on_cpu_sample(struct bpf_perf_event_data *ctx)
 {
-	return on_event(ctx, 0);
+	return on_event(ctx, 0, false);
 }
 
 /* Attached to each traced tracepoint with its 1-based index as the BPF cookie. */
 SEC("tracepoint")
 int on_tracepoint(void *ctx)
 {
-	return on_event(ctx, (__u32)bpf_get_attach_cookie(ctx));
+	return on_event(ctx, (__u32)bpf_get_attach_cookie(ctx), true);
 }
 
 static __always_inline void process_event(__u32 change, __u32 pid, __u64 start, __u32 parent,

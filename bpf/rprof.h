@@ -150,18 +150,30 @@ struct rprof_unwind_rule {
 	__s32 deref_off;
 };
 
-/* A rule from `pc` (an offset from the file's `base`) up to the next row's. */
+/* A rule from `pc` (an offset from the file's `base`) up to the next row's.
+ * The row `back` rows before this one starts its function (0: this one). */
 struct rprof_unwind_row {
 	__u32 pc;
-	__u32 rule; /* index in `unwind_rules` */
+	__u16 rule; /* index in `unwind_rules` */
+	__u16 back; /* 0xffff: unknown */
 };
 
-/* One ELF file's rows: unwind_rows[first .. first + count), sorted by pc. */
+/* A lookup searches only the rows of its pc's page, of 1 << this many bytes
+ * (an enum, so that Rust gets it too). */
+enum rprof_unwind_page {
+	RPROF_UNWIND_PAGE_SHIFT = 12,
+};
+
+/* One ELF file's rows: unwind_rows[first .. first + count), sorted by pc;
+ * unwind_pages[first_page + p] is the row covering the start of page p (of
+ * pages pages, from base). */
 struct rprof_unwind_file {
 	__u32 first;
 	__u32 count;
 	__u64 base;
 	__u32 flags; /* enum rprof_file_flags */
+	__u32 first_page;
+	__u32 pages;
 	__u32 pad;
 };
 

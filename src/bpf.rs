@@ -142,6 +142,10 @@ impl Probe {
                 .set_max_entries(rows.max(1))
                 .context("sizing the unwind tables")?;
             open.maps
+                .unwind_pages
+                .set_max_entries(crate::unwind::pages_for(rows.max(1)))
+                .context("sizing the unwind page index")?;
+            open.maps
                 .unwind_rules
                 .set_max_entries(crate::unwind::MAX_RULES)
                 .context("sizing the unwind rules")?;
@@ -292,12 +296,22 @@ impl Probe {
     }
 
     /// A file's table rows, at `first` in `unwind_rows`.
-    pub fn set_unwind_rows(&mut self, first: u32, rows: &[(u32, u32)]) -> Result<()> {
+    pub fn set_unwind_rows(&mut self, first: u32, rows: &[(u32, u32, u16)]) -> Result<()> {
         let rows: Vec<types::rprof_unwind_row> = rows
             .iter()
-            .map(|&(pc, rule)| types::rprof_unwind_row { pc, rule })
+            .map(|&(pc, rule, back)| types::rprof_unwind_row {
+                pc,
+                rule: rule as u16,
+                back,
+            })
             .collect();
         write_array(&self.skel.maps.unwind_rows, first, &rows).context("loading an unwind table into BPF")
+    }
+
+    /// A file's page index, at `first` in `unwind_pages`.
+    pub fn set_unwind_pages(&mut self, first: u32, pages: &[u32]) -> Result<()> {
+        write_array(&self.skel.maps.unwind_pages, first, pages)
+            .context("loading an unwind page index into BPF")
     }
 
     pub fn set_unwind_file(&mut self, id: u32, file: &types::rprof_unwind_file) -> Result<()> {

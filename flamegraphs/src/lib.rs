@@ -350,6 +350,47 @@ mod tests {
     }
 
     #[test]
+    fn each_kind_of_frame_has_its_own_colours() {
+        let ruby = color_of(&Frame::code("a", "x.rb", 1));
+        let cmethod = color_of(&Frame::cmethod("Integer#times"));
+        let native = color_of(&Frame::native_code("rb_ary_sort_bang"));
+        let kernel = color_of(&Frame::kernel("do_syscall_64"));
+        assert!(
+            ruby.r > ruby.g && ruby.r > ruby.b,
+            "Ruby frames are red: {ruby:?}"
+        );
+        assert!(
+            cmethod.r > cmethod.b && cmethod.g > cmethod.b && cmethod.g > 150,
+            "C methods yellow: {cmethod:?}"
+        );
+        assert!(
+            native.b > native.r && native.b > native.g,
+            "native frames blue: {native:?}"
+        );
+        assert!(
+            kernel.g > kernel.r && kernel.g > kernel.b,
+            "kernel frames green: {kernel:?}"
+        );
+        let mut p = Profile::default();
+        p.add(
+            &[
+                Frame::code("a", "x.rb", 1),
+                Frame::native_code("f"),
+                Frame::kernel("k"),
+            ],
+            1,
+        );
+        let mut out = Vec::new();
+        p.write_svg(&mut out, &SvgOptions::default()).expect("svg");
+        let svg = String::from_utf8(out).expect("utf8");
+        let fill = |c: inferno::flamegraph::color::Color| format!("rgb({},{},{})", c.r, c.g, c.b);
+        for (name, frame) in [("f_[n]", Frame::native_code("f")), ("k_[k]", Frame::kernel("k"))] {
+            assert!(svg.contains(name), "{name} drawn");
+            assert!(svg.contains(&fill(color_of(&frame))), "{name} in its colour");
+        }
+    }
+
+    #[test]
     fn svg_is_an_icicle_by_default_and_survives_no_samples() {
         let mut out = Vec::new();
         sample().write_svg(&mut out, &SvgOptions::default()).expect("svg");

@@ -1,9 +1,12 @@
 //! An ELF file's `.eh_frame` (parsed by gimli) as the compact table BPF
-//! unwinds with: rows `(pc, rule)` sorted by pc, each rule saying how to find
-//! the caller's frame from this one (x86-64: the CFA from rsp, rbp or an
-//! expression; rbp restored or not; the return address at CFA - 8).
-//! Consecutive rows with the same rule are merged, and pcs no FDE covers get
-//! an explicit "no CFI" row, so a lookup never borrows a neighbour's rule.
+//! unwinds with: rows `(pc, rule, back)` sorted by pc, each rule saying how
+//! to find the caller's frame from this one (x86-64: the CFA from rsp, rbp or
+//! an expression; rbp restored or not; the return address at CFA - 8), and
+//! `back` how many rows before it its function's first row is (so BPF knows
+//! where a frame's function starts, and counts stacks by function, not by
+//! instruction). Consecutive rows of a function with the same rule are
+//! merged, and pcs no FDE covers get an explicit "no CFI" row, so a lookup
+//! never borrows a neighbour's rule.
 
 use std::collections::HashMap;
 
@@ -81,7 +84,11 @@ type Fde = (u64, u64, Vec<(u64, Rule)>);
 pub struct Table {
     /// Row pcs are offsets from this vaddr.
     pub base: u64,
-    pub rows: Vec<(u32, u32)>,
+    /// (pc from `base`, rule, rows back to its function's first row)
+    pub rows: Vec<(u32, u32, u16)>,
+    /// For each page of code (`RPROF_UNWIND_PAGE_SHIFT`) from `base`: the
+    /// row covering its first byte, so that a lookup searches one page's rows.
+    pub pages: Vec<u32>,
     /// Where each FDE starts (vaddrs, sorted): the functions' first
     /// instructions, known even when the file has no symbols for them.
     pub function_starts: Vec<u64>,
@@ -162,49 +169,99 @@ pub fn build(data: &[u8], rules: &mut Rules) -> Result<Table> {
     }
 
     let none = rules.id(Rule::none());
-    let mut rows: Vec<(u32, u32)> = Vec::new();
-    let push = |rows: &mut Vec<(u32, u32)>, pc: u64, rule: u32| {
-        let pc = (pc - base) as u32;
-        match rows.last_mut() {
-            // A later row at the same pc wins (the next FDE's first row).
-            Some(last) if last.0 == pc => last.1 = rule,
-            Some(last) if last.1 == rule => {}
-            _ => rows.push((pc, rule)),
-        }
-        // Keep merging: the row before may now carry the same rule.
-        if rows.len() >= 2 && rows[rows.len() - 2].1 == rows[rows.len() - 1].1 {
-            rows.pop();
-        }
-    };
+    let mut rows = Rows::default();
     let mut covered_to = base;
     for (i, (start, end, fde_rows)) in fdes.iter().enumerate() {
         if *start < covered_to {
             continue; // overlaps the FDE before it: the first one wins
         }
         if *start > covered_to && i > 0 {
-            push(&mut rows, covered_to, none);
+            rows.push((covered_to - base) as u32, none, true);
         }
         let stop = fdes
             .get(i + 1)
             .map_or(*end, |next| (*end).min(next.0.max(*start)));
+        let mut first = true;
         for (pc, rule) in fde_rows {
             if *pc >= *start && *pc < stop {
-                let id = rules.id(*rule);
-                push(&mut rows, *pc, id);
+                // Rule ids are 16 bits in BPF; past that, no CFI.
+                let id = Some(rules.id(*rule))
+                    .filter(|&id| id <= u16::MAX as u32)
+                    .unwrap_or(none);
+                rows.push((*pc - base) as u32, id, first);
+                first = false;
             }
         }
         covered_to = *end;
     }
-    push(&mut rows, covered_to.max(last_end), none);
+    rows.push((covered_to.max(last_end) - base) as u32, none, true);
+    let rows = rows.rows;
     let mut function_starts: Vec<u64> = fdes.iter().map(|f| f.0).collect();
     function_starts.dedup();
+    let pages = page_index(&rows);
     Ok(Table {
         base,
         rows,
+        pages,
         function_starts,
         frame_pointers: sized > 0 && with_fp * 2 >= sized,
         unsupported,
     })
+}
+
+/// Rows as they are built: (pc, rule, rows back to the function's first).
+#[derive(Default)]
+struct Rows {
+    rows: Vec<(u32, u32, u16)>,
+    /// The current function's first row.
+    first: usize,
+}
+
+impl Rows {
+    /// A row from `pc` on; `starts` a function (or a gap), which is never
+    /// merged into the row before.
+    fn push(&mut self, pc: u32, rule: u32, starts: bool) {
+        let rows = &mut self.rows;
+        match rows.last_mut() {
+            // A later row at the same pc wins (the next FDE's first row).
+            Some(last) if last.0 == pc => {
+                last.1 = rule;
+                if starts {
+                    last.2 = 0;
+                    self.first = rows.len() - 1;
+                }
+            }
+            // Within a function, the same rule goes on.
+            Some(last) if last.1 == rule && !starts => {}
+            _ => {
+                if starts {
+                    self.first = rows.len();
+                }
+                // A function of more than 65535 rows: its start is unknown.
+                let back = u16::try_from(rows.len() - self.first).unwrap_or(u16::MAX);
+                rows.push((pc, rule, back));
+            }
+        }
+        // The row before may now carry the same rule, within the function.
+        let n = rows.len();
+        if n >= 2 && rows[n - 1].2 != 0 && rows[n - 2].1 == rows[n - 1].1 {
+            rows.pop();
+        }
+    }
+}
+
+/// For each page from the first row's: the last row at or below its start.
+fn page_index(rows: &[(u32, u32, u16)]) -> Vec<u32> {
+    let shift = types::rprof_unwind_page::RPROF_UNWIND_PAGE_SHIFT.0;
+    let Some(&(last, _, _)) = rows.last() else {
+        return Vec::new();
+    };
+    (0..=(last >> shift))
+        .map(|page| {
+            let start = page << shift;
+            rows.partition_point(|&(pc, _, _)| pc <= start).saturating_sub(1) as u32
+        })
+        .collect()
 }
 
 /// One CFI row as a rule BPF can follow.
@@ -337,7 +394,21 @@ mod tests {
             t.rows.windows(2).all(|w| w[0].0 < w[1].0),
             "sorted, one row per pc"
         );
-        assert!(t.rows.windows(2).all(|w| w[0].1 != w[1].1), "merged");
+        assert!(
+            t.rows.windows(2).all(|w| w[0].1 != w[1].1 || w[1].2 == 0),
+            "merged within functions"
+        );
+        // Every row leads back to a function's first row, at an FDE start.
+        for (i, row) in t.rows.iter().enumerate().take(t.rows.len() - 1) {
+            let first = &t.rows[i - row.2 as usize];
+            assert_eq!(first.2, 0);
+            let start = t.base + first.0 as u64;
+            assert!(
+                t.function_starts.binary_search(&start).is_ok()
+                    || rules.list[first.1 as usize] == Rule::none(),
+                "row {i} leads to {start:#x}, no function start"
+            );
+        }
         assert!(!t.frame_pointers);
         let kinds: Vec<u8> = rules.list.iter().map(|r| r.cfa).collect();
         assert!(kinds.contains(&(types::rprof_cfa_kind::RPROF_CFA_SIGNAL.0 as u8)));
@@ -345,6 +416,12 @@ mod tests {
         assert!(kinds.contains(&(types::rprof_cfa_kind::RPROF_CFA_PLT.0 as u8)));
         // The last row closes the table.
         assert_eq!(rules.list[t.rows[t.rows.len() - 1].1 as usize], Rule::none());
+        // Each page's entry is the row covering its start.
+        for (page, &row) in t.pages.iter().enumerate() {
+            let start = (page as u32) << types::rprof_unwind_page::RPROF_UNWIND_PAGE_SHIFT.0;
+            let row = row as usize;
+            assert!(t.rows[row].0 <= start && t.rows.get(row + 1).is_none_or(|r| r.0 > start));
+        }
         assert!(t.unsupported < 50, "{} unsupported rows", t.unsupported);
     }
 }

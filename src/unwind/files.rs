@@ -47,8 +47,8 @@ pub struct NativeFile {
     pub debug_file: Option<PathBuf>,
     /// The vaddrs where its functions start (from its CFI), sorted.
     pub function_starts: Vec<u64>,
-    /// Its rows in BPF's `unwind_rows`: (first, count).
-    pub rows: Option<(u32, u32)>,
+    /// Where its table is in BPF.
+    pub rows: Option<super::Placed>,
     pub table_base: u64,
     pub frame_pointers: bool,
     segments: Vec<Segment>,
@@ -164,7 +164,7 @@ impl Opened {
         })
     }
 
-    pub fn into_file(self, serial: u64, rows: Option<(u32, u32)>) -> NativeFile {
+    pub fn into_file(self, serial: u64, rows: Option<super::Placed>) -> NativeFile {
         NativeFile {
             serial,
             name: self.name,

@@ -87,8 +87,9 @@ pub struct Unwinder {
     rules_sent: usize,
     files: Vec<Option<NativeFile>>,
     by_key: HashMap<FileKey, u32>,
-    /// Free runs of `unwind_rows`: (first, count), sorted.
-    free_rows: Vec<(u32, u32)>,
+    /// Free places in `unwind_rows` and `unwind_pages`.
+    rows: Runs,
+    pages: Runs,
     spaces: HashMap<u32, Space>,
     by_content: HashMap<Vec<SpaceMapping>, u32>,
     next_space: u32,
@@ -107,7 +108,8 @@ impl Unwinder {
             rules_sent: 0,
             files: vec![None],
             by_key: HashMap::new(),
-            free_rows: vec![(0, rows)],
+            rows: Runs(vec![(0, rows)]),
+            pages: Runs(vec![(0, pages_for(rows))]),
             spaces: HashMap::new(),
             by_content: HashMap::new(),
             next_space: 1,
@@ -386,17 +388,30 @@ impl Unwinder {
             None => return None,
         };
         let n = opened.table.rows.len() as u32;
+        let np = opened.table.pages.len() as u32;
         let mut rows = None;
         if n > 0 {
-            match self.alloc_rows(n) {
-                Some(first) => {
-                    if probe.set_unwind_rows(first, &opened.table.rows).is_ok() {
-                        rows = Some((first, n));
-                    } else {
-                        self.free_rows_at(first, n);
-                    }
+            match (self.rows.alloc(n), self.pages.alloc(np)) {
+                (Some(first), Some(first_page))
+                    if probe.set_unwind_rows(first, &opened.table.rows).is_ok()
+                        && probe.set_unwind_pages(first_page, &opened.table.pages).is_ok() =>
+                {
+                    rows = Some(Placed {
+                        first,
+                        count: n,
+                        first_page,
+                        pages: np,
+                    });
                 }
-                None => self.stats.no_room += 1,
+                (first, first_page) => {
+                    if let Some(f) = first {
+                        self.rows.free(f, n);
+                    }
+                    if let Some(f) = first_page {
+                        self.pages.free(f, np);
+                    }
+                    self.stats.no_room += 1;
+                }
             }
         }
         self.stats.files += 1;
@@ -418,20 +433,20 @@ impl Unwinder {
         self.serial += 1;
         let file = opened.into_file(self.serial, rows);
         let value = types::rprof_unwind_file {
-            first: rows.map_or(0, |r| r.0),
-            count: rows.map_or(0, |r| r.1),
+            first: rows.map_or(0, |r| r.first),
+            count: rows.map_or(0, |r| r.count),
             base: file.table_base,
             flags: if file.frame_pointers {
                 types::rprof_file_flags::RPROF_FILE_FRAME_POINTERS.0
             } else {
                 0
             },
+            first_page: rows.map_or(0, |r| r.first_page),
+            pages: rows.map_or(0, |r| r.pages),
             pad: 0,
         };
         if self.send_rules(probe).is_err() || probe.set_unwind_file(id, &value).is_err() {
-            if let Some((first, n)) = rows {
-                self.free_rows_at(first, n);
-            }
+            self.free_placed(rows);
             return None;
         }
         self.files[id as usize] = Some(file);
@@ -494,35 +509,58 @@ impl Unwinder {
         };
         self.by_key.retain(|_, v| *v != id);
         let _ = probe.set_unwind_file(id, &types::rprof_unwind_file::default());
-        if let Some((first, n)) = file.rows {
-            self.free_rows_at(first, n);
-        }
+        self.free_placed(file.rows);
     }
 
-    fn alloc_rows(&mut self, n: u32) -> Option<u32> {
-        let i = self.free_rows.iter().position(|&(_, len)| len >= n)?;
-        let (first, len) = self.free_rows[i];
+    fn free_placed(&mut self, placed: Option<Placed>) {
+        if let Some(p) = placed {
+            self.rows.free(p.first, p.count);
+            self.pages.free(p.first_page, p.pages);
+        }
+    }
+}
+
+/// Where a file's table is in BPF's arrays.
+#[derive(Debug, Clone, Copy)]
+pub struct Placed {
+    pub first: u32,
+    pub count: u32,
+    pub first_page: u32,
+    pub pages: u32,
+}
+
+/// Entries of `unwind_pages` for `rows` rows: a page of code has tens of rows.
+pub fn pages_for(rows: u32) -> u32 {
+    (rows / 8).max(1)
+}
+
+/// The free runs of an array, (first, count) sorted, handed out first-fit.
+struct Runs(Vec<(u32, u32)>);
+
+impl Runs {
+    fn alloc(&mut self, n: u32) -> Option<u32> {
+        let i = self.0.iter().position(|&(_, len)| len >= n)?;
+        let (first, len) = self.0[i];
         if len == n {
-            self.free_rows.remove(i);
+            self.0.remove(i);
         } else {
-            self.free_rows[i] = (first + n, len - n);
+            self.0[i] = (first + n, len - n);
         }
         Some(first)
     }
 
-    fn free_rows_at(&mut self, first: u32, n: u32) {
-        let i = self.free_rows.partition_point(|&(f, _)| f < first);
-        self.free_rows.insert(i, (first, n));
+    fn free(&mut self, first: u32, n: u32) {
+        let runs = &mut self.0;
+        let i = runs.partition_point(|&(f, _)| f < first);
+        runs.insert(i, (first, n));
         // Merge with the neighbours.
-        if i + 1 < self.free_rows.len()
-            && self.free_rows[i].0 + self.free_rows[i].1 == self.free_rows[i + 1].0
-        {
-            self.free_rows[i].1 += self.free_rows[i + 1].1;
-            self.free_rows.remove(i + 1);
+        if i + 1 < runs.len() && runs[i].0 + runs[i].1 == runs[i + 1].0 {
+            runs[i].1 += runs[i + 1].1;
+            runs.remove(i + 1);
         }
-        if i > 0 && self.free_rows[i - 1].0 + self.free_rows[i - 1].1 == self.free_rows[i].0 {
-            self.free_rows[i - 1].1 += self.free_rows[i].1;
-            self.free_rows.remove(i);
+        if i > 0 && runs[i - 1].0 + runs[i - 1].1 == runs[i].0 {
+            runs[i - 1].1 += runs[i].1;
+            runs.remove(i);
         }
     }
 }
@@ -533,14 +571,14 @@ mod tests {
 
     #[test]
     fn rows_are_allocated_and_freed_first_fit() {
-        let mut u = Unwinder::new(100);
-        assert_eq!(u.alloc_rows(30), Some(0));
-        assert_eq!(u.alloc_rows(30), Some(30));
-        assert_eq!(u.alloc_rows(50), None);
-        u.free_rows_at(0, 30);
-        assert_eq!(u.alloc_rows(10), Some(0));
-        u.free_rows_at(30, 30);
-        u.free_rows_at(0, 10);
-        assert_eq!(u.free_rows, vec![(0, 100)], "freed runs merge back into one");
+        let mut r = Runs(vec![(0, 100)]);
+        assert_eq!(r.alloc(30), Some(0));
+        assert_eq!(r.alloc(30), Some(30));
+        assert_eq!(r.alloc(50), None);
+        r.free(0, 30);
+        assert_eq!(r.alloc(10), Some(0));
+        r.free(30, 30);
+        r.free(0, 10);
+        assert_eq!(r.0, vec![(0, 100)], "freed runs merge back into one");
     }
 }
