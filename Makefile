@@ -50,6 +50,7 @@ bench: build
 	bench/sample-cost
 	bench/cluster
 	bench/forks
+	bench/native
 
 clean-cache:
 	rm -rf /var/cache/rprof
