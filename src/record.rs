@@ -254,7 +254,16 @@ pub fn record(cfg: RecordConfig) -> Result<Option<ExitStatus>> {
     let recording = collector.finish(pid, ruby_version, &stats, event_names.join(","));
     write_output(&recording, &output, cfg.format)?;
     let counts = cfg.subprocesses.then_some(processes.counts);
-    print_summary(&recording, &stats, &collector, counts, &output, started.elapsed());
+    let no_room = processes.native.as_ref().map_or(0, |u| u.no_room);
+    print_summary(
+        &recording,
+        &stats,
+        &collector,
+        counts,
+        no_room,
+        &output,
+        started.elapsed(),
+    );
     if let Some(e) = recording_error {
         return Err(e.context("recording stopped early (what was collected is written)"));
     }
@@ -679,6 +688,7 @@ fn print_summary(
     stats: &Stats,
     c: &Collector,
     followed: Option<Counts>,
+    tables_without_room: u64,
     output: &Path,
     elapsed: Duration,
 ) {
@@ -737,6 +747,11 @@ fn print_summary(
             "native stacks: {} whole, {stopped} stopped early ({})",
             stats.native_stops[0],
             why.join(", ")
+        ));
+    }
+    if tables_without_room > 0 {
+        notes.push(format!(
+            "{tables_without_room} files without room for their unwind table (raise RPROF_UNWIND_ROWS)"
         ));
     }
     if stats.agg_full > 0 {

@@ -72,16 +72,6 @@ struct Followed {
     rescanned: Option<Instant>,
 }
 
-/// What building tables cost, for the summary and the benchmarks.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct TableStats {
-    pub files: u64,
-    pub rows: u64,
-    pub build_time: Duration,
-    /// Files whose table did not fit in `unwind_rows`.
-    pub no_room: u64,
-}
-
 pub struct Unwinder {
     rules: eh_frame::Rules,
     rules_sent: usize,
@@ -96,7 +86,8 @@ pub struct Unwinder {
     processes: HashMap<u32, Followed>,
     /// Files made so far (each file's serial).
     serial: u64,
-    pub stats: TableStats,
+    /// Files whose table did not fit in BPF's maps (named, not unwound through).
+    pub no_room: u64,
     /// Say on stderr what each table cost (`RPROF_SAY_TABLES=1`, the benchmarks).
     say_tables: bool,
 }
@@ -115,7 +106,7 @@ impl Unwinder {
             next_space: 1,
             processes: HashMap::new(),
             serial: 0,
-            stats: TableStats::default(),
+            no_room: 0,
             say_tables: std::env::var_os("RPROF_SAY_TABLES").is_some(),
         }
     }
@@ -137,15 +128,20 @@ impl Unwinder {
         self.processes.get(&pid).and_then(|p| p.vm_exec)
     }
 
-    /// The file and vaddr of absolute address `addr` in process `pid`.
-    pub fn locate(&self, pid: u32, addr: u64) -> Option<CodeAddress> {
+    /// The executable mapping of process `pid` holding absolute address `addr`.
+    fn mapping_at(&self, pid: u32, addr: u64) -> Option<&SpaceMapping> {
         let space = self.spaces.get(&self.processes.get(&pid)?.space)?;
         let i = space
             .mappings
             .partition_point(|m| m.start <= addr)
             .checked_sub(1)?;
-        let m = &space.mappings[i];
-        (addr < m.end && m.file != 0).then(|| CodeAddress {
+        Some(&space.mappings[i]).filter(|m| addr < m.end)
+    }
+
+    /// The file and vaddr of absolute address `addr` in process `pid`.
+    pub fn locate(&self, pid: u32, addr: u64) -> Option<CodeAddress> {
+        let m = self.mapping_at(pid, addr).filter(|m| m.file != 0)?;
+        Some(CodeAddress {
             file: m.file,
             vaddr: addr.wrapping_sub(m.bias),
         })
@@ -153,13 +149,8 @@ impl Unwinder {
 
     /// Whether `addr` is in anonymous executable memory of process `pid` (JIT code).
     pub fn is_jit(&self, pid: u32, addr: u64) -> bool {
-        let Some(space) = self.processes.get(&pid).and_then(|p| self.spaces.get(&p.space)) else {
-            return false;
-        };
-        let i = space.mappings.partition_point(|m| m.start <= addr);
-        i > 0
-            && addr < space.mappings[i - 1].end
-            && space.mappings[i - 1].kind == types::rprof_mapping_kind::RPROF_MAPPING_JIT.0
+        self.mapping_at(pid, addr)
+            .is_some_and(|m| m.kind == types::rprof_mapping_kind::RPROF_MAPPING_JIT.0)
     }
 
     /// Reads the executable mappings of `process` and gives BPF their
@@ -410,13 +401,10 @@ impl Unwinder {
                     if let Some(f) = first_page {
                         self.pages.free(f, np);
                     }
-                    self.stats.no_room += 1;
+                    self.no_room += 1;
                 }
             }
         }
-        self.stats.files += 1;
-        self.stats.rows += u64::from(n);
-        self.stats.build_time += opened.build_time;
         if self.say_tables {
             eprintln!(
                 "rprof: unwind table for {}: {} bytes of ELF, {} rows ({} KiB), {} functions, {} unsupported, {} frame pointers, built in {:.2} ms",
