@@ -4,8 +4,9 @@
 CARGO ?= cargo
 APT_PACKAGES = clang llvm libelf-dev zlib1g-dev pkg-config make gcc ruby ruby-dev \
                debootstrap util-linux clang-format
-# What only the tests use: real servers under load.
-TEST_PACKAGES = puma unicorn ruby-rack wrk libc6-dbg
+# What only the tests use: real servers under load; go tool pprof and a JSON
+# schema validator, to read rprof's pprof and speedscope files as users' tools do.
+TEST_PACKAGES = puma unicorn ruby-rack wrk libc6-dbg golang-go python3-jsonschema curl
 RPROF = target/release/rprof
 
 .PHONY: deps test-deps apt tracefs build demo test lint bench clean-cache
@@ -15,6 +16,7 @@ deps:
 
 test-deps:
 	@$(MAKE) --no-print-directory apt PACKAGES="$(TEST_PACKAGES)"
+	@scripts/fetch-speedscope-schema.sh
 
 apt:
 	@missing=$$(for p in $(PACKAGES); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'ok installed' || echo $$p; done); \

@@ -59,13 +59,45 @@ pub struct RecordArgs {
     #[arg(short = 'F', long, default_value_t = 99, global = true)]
     pub frequency: u64,
 
-    /// Output file (default: rprof-<pid>-<YYYYmmdd-HHMMSS>.<format>).
+    /// Output file (default: rprof-<pid>-<YYYYmmdd-HHMMSS>.<format>; summary:
+    /// the terminal). With --rotate or --flight-recorder: a directory (default: .).
     #[arg(short, long, global = true)]
     pub output: Option<PathBuf>,
 
-    /// Output format.
-    #[arg(long, value_enum, default_value_t = Format::Svg, global = true)]
-    pub format: Format,
+    /// Output format (default: from the output's extension, else svg).
+    #[arg(long, value_enum, global = true)]
+    pub format: Option<Format>,
+
+    /// Also keep the recording, written as it goes, for `rprof report`.
+    #[arg(long, global = true, value_name = "FILE")]
+    pub raw: Option<PathBuf>,
+
+    /// Record continuously: write one complete profile per interval (60s,
+    /// 5m...) into the -o directory.
+    #[arg(
+        long,
+        global = true,
+        value_name = "INTERVAL",
+        conflicts_with = "flight_recorder"
+    )]
+    pub rotate: Option<String>,
+
+    /// With --rotate: keep only the newest N profiles.
+    #[arg(long, global = true, value_name = "N", requires = "rotate")]
+    pub keep: Option<usize>,
+
+    /// Keep the last DURATION (5m...) in memory; write it into the -o
+    /// directory on SIGUSR2 (recording goes on) and at the end.
+    #[arg(long, global = true, value_name = "DURATION")]
+    pub flight_recorder: Option<String>,
+
+    /// summary format: by source line rather than by function.
+    #[arg(long, global = true)]
+    pub by_line: bool,
+
+    /// No progress line while recording.
+    #[arg(short, long, global = true)]
+    pub quiet: bool,
 
     /// Add native frames (C extensions, the interpreter, libc) stitched with
     /// the Ruby frames, unwound in BPF from the binaries' .eh_frame.
@@ -121,15 +153,44 @@ pub enum Event {
 }
 
 #[derive(Debug, Args)]
+#[command(after_help = "EXAMPLES:\n  \
+    rprof report -i rec.rprof --format summary            top functions in the terminal\n  \
+    rprof report -i rec.rprof -o rec.pb.gz                pprof, for go tool pprof, Pyroscope...\n  \
+    rprof report -i rec.rprof --from 10s --to 20s -o w.svg  seconds 10 to 20 only\n  \
+    rprof report -i rec.rprof --pid 4242 --threads        one process, split by thread")]
 pub struct ReportArgs {
-    /// A recording written with --format rprof.
+    /// A recording (written with --raw, or --format rprof).
     #[arg(short, long)]
     pub input: PathBuf,
-    /// Output file (default: the input's name with the format's extension).
+    /// Output file (default: the input's name with the format's extension;
+    /// summary: the terminal).
     #[arg(short, long)]
     pub output: Option<PathBuf>,
-    #[arg(long, value_enum, default_value_t = Format::Svg)]
-    pub format: Format,
+    /// Output format (default: from the output's extension, else svg).
+    #[arg(long, value_enum)]
+    pub format: Option<Format>,
+    /// Only what was recorded from this time on (since the recording
+    /// started: 10, 1.5s, 2m...), to the nearest half second.
+    #[arg(long, value_name = "TIME")]
+    pub from: Option<String>,
+    /// Only what was recorded before this time.
+    #[arg(long, value_name = "TIME")]
+    pub to: Option<String>,
+    /// Only these processes; repeat for several.
+    #[arg(long)]
+    pub pid: Vec<u32>,
+    /// Only these threads, by thread id or name; repeat for several.
+    #[arg(long)]
+    pub thread: Vec<String>,
+    /// A frame per thread.
+    #[arg(long)]
+    pub threads: bool,
+    /// A root frame per process.
+    #[arg(long)]
+    pub processes: bool,
+    /// summary format: by source line rather than by function.
+    #[arg(long)]
+    pub by_line: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -140,6 +201,12 @@ pub enum Format {
     Flame,
     /// Folded stacks: `root;...;leaf count` per line.
     Folded,
+    /// speedscope's JSON: a profile per thread (https://www.speedscope.app).
+    Speedscope,
+    /// pprof's gzipped protobuf, for go tool pprof, Pyroscope, Parca, Grafana.
+    Pprof,
+    /// A table of the top functions by self and total share.
+    Summary,
     /// rprof's own recording, for `rprof report`.
     Rprof,
 }
@@ -149,7 +216,43 @@ impl Format {
         match self {
             Format::Svg | Format::Flame => "svg",
             Format::Folded => "folded",
+            Format::Speedscope => "speedscope.json",
+            Format::Pprof => "pb.gz",
+            Format::Summary => "txt",
             Format::Rprof => "rprof",
         }
     }
+
+    /// The format a file name asks for, by its extension.
+    pub fn of_path(path: &std::path::Path) -> Option<Format> {
+        let name = path.file_name()?.to_string_lossy().to_ascii_lowercase();
+        let formats = [
+            (".svg", Format::Svg),
+            (".folded", Format::Folded),
+            (".json", Format::Speedscope),
+            (".pb.gz", Format::Pprof),
+            (".pprof", Format::Pprof),
+            (".pb", Format::Pprof),
+            (".txt", Format::Summary),
+            (".rprof", Format::Rprof),
+        ];
+        formats
+            .iter()
+            .find(|(ext, _)| name.ends_with(ext))
+            .map(|&(_, f)| f)
+    }
+}
+
+/// A duration as users write one: seconds (`30`, `1.5`) or with units
+/// (`500ms`, `60s`, `5m`, `1h30m`).
+pub fn parse_duration(given: &str) -> Result<std::time::Duration, crate::error::UserError> {
+    let bad = || crate::error::UserError::BadDuration {
+        given: given.to_string(),
+    };
+    let d = match given.trim().parse::<f64>() {
+        Ok(secs) if secs.is_finite() && secs >= 0.0 => std::time::Duration::from_secs_f64(secs),
+        Ok(_) => return Err(bad()),
+        Err(_) => humantime::parse_duration(given.trim()).map_err(|_| bad())?,
+    };
+    Ok(d)
 }

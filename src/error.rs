@@ -36,4 +36,18 @@ pub enum UserError {
 
     #[error("cannot read the memory of process {pid}: {why}; rprof needs CAP_SYS_PTRACE (root) to read other users' processes")]
     CannotReadMemory { pid: u32, why: String },
+
+    #[error("{path}: {why}")]
+    BadRecording {
+        path: String,
+        why: crate::recording::file::FileError,
+    },
+
+    #[error(
+        "{given:?} is not a duration: give seconds (30, 1.5) or a number with a unit (500ms, 60s, 5m, 1h)"
+    )]
+    BadDuration { given: String },
+
+    #[error("cannot tell the format of {path} from its extension: give --format (svg, flame, folded, speedscope, pprof, summary, rprof)")]
+    UnknownExtension { path: String },
 }

@@ -128,6 +128,8 @@ fn passwd_entry(uid: u32) -> Option<(String, String)> {
 pub struct StopSignals {
     stop: Arc<AtomicBool>,
     command: Arc<AtomicU32>,
+    /// SIGUSR2: write the flight recorder's window now.
+    write_now: Arc<AtomicBool>,
 }
 
 impl StopSignals {
@@ -150,7 +152,19 @@ impl StopSignals {
                 }
             });
         }
-        Ok(Self { stop, command })
+        let write_now = Arc::new(AtomicBool::new(false));
+        signal_hook::flag::register(signal_hook::consts::SIGUSR2, Arc::clone(&write_now))
+            .context("installing the SIGUSR2 handler")?;
+        Ok(Self {
+            stop,
+            command,
+            write_now,
+        })
+    }
+
+    /// Whether SIGUSR2 came since the last call.
+    pub fn take_write_request(&self) -> bool {
+        self.write_now.swap(false, Ordering::SeqCst)
     }
 
     /// Signals from now on are passed on to `pid` too.

@@ -10,6 +10,7 @@ mod launch;
 mod process;
 mod processes;
 mod record;
+mod recording;
 mod resolve;
 mod system;
 mod target;
@@ -21,8 +22,9 @@ use std::time::Duration;
 use anyhow::Result;
 use clap::Parser;
 
-use cli::{Cli, Command, Event, Format};
-use record::{EventSpec, RecordConfig, Target};
+use cli::{Cli, Command, Event, Format, ReportArgs};
+use record::{Continuous, EventSpec, RecordConfig, Target};
+use recording::{Output, RenderOptions};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -88,34 +90,122 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 Some(d) => Some(Duration::from_secs_f64(d)),
                 None => None,
             };
+            let continuous = match (&args.rotate, &args.flight_recorder) {
+                (Some(every), _) => Some(Continuous::Rotate {
+                    every: positive(cli::parse_duration(every)?, "--rotate")?,
+                    keep: args.keep,
+                }),
+                (None, Some(window)) => Some(Continuous::FlightRecorder {
+                    window: positive(cli::parse_duration(window)?, "--flight-recorder")?,
+                }),
+                (None, None) => None,
+            };
+            if args.keep == Some(0) {
+                anyhow::bail!("--keep 0 would keep nothing: give at least 1");
+            }
             let status = record::record(RecordConfig {
                 target,
                 duration,
                 event,
                 output: args.output,
                 format: args.format,
+                raw: args.raw,
+                continuous,
+                quiet: args.quiet,
                 force_version: args.force_version,
                 as_root: args.root,
                 subprocesses: args.subprocesses,
-                processes: args.processes,
-                threads: args.threads,
+                render: RenderOptions {
+                    processes: args.processes,
+                    threads: args.threads,
+                    by_line: args.by_line,
+                },
                 native: args.native || args.native_all,
                 native_all: args.native_all,
                 kernel: args.kernel,
             })?;
             Ok(status.map_or(ExitCode::SUCCESS, |s| ExitCode::from(launch::exit_code(s))))
         }
-        Command::Report(args) => {
-            let recording = record::read_recording(&args.input)?;
-            let output = args
-                .output
-                .unwrap_or_else(|| args.input.with_extension(args.format.extension()));
-            if args.format == Format::Rprof && output == args.input {
-                anyhow::bail!("refusing to overwrite {} with itself", args.input.display());
-            }
-            record::write_output(&recording, &output, args.format)?;
-            eprintln!("rprof: wrote {}", output.display());
-            Ok(ExitCode::SUCCESS)
+        Command::Report(args) => report(args),
+    }
+}
+
+fn positive(d: Duration, what: &str) -> Result<Duration> {
+    if d.is_zero() {
+        anyhow::bail!("{what} must be longer than 0 seconds");
+    }
+    Ok(d)
+}
+
+/// Renders a recording again, cut to a time window, processes or threads.
+fn report(args: ReportArgs) -> Result<ExitCode> {
+    let read = recording::file::read(&args.input)?;
+    let mut r = read.recording;
+    if let Some((offset, why)) = read.cut_short {
+        eprintln!(
+            "rprof: warning: {} was cut short at byte {offset} ({why}); its first {:.1}s are reported",
+            args.input.display(),
+            r.held_ns() as f64 / 1e9
+        );
+    }
+    let ns = |t: &Option<String>| -> Result<Option<u64>> {
+        Ok(match t {
+            Some(t) => Some(cli::parse_duration(t)?.as_nanos() as u64),
+            None => None,
+        })
+    };
+    let (from, to) = (ns(&args.from)?, ns(&args.to)?);
+    if let (Some(f), Some(t)) = (from, to) {
+        if f >= t {
+            anyhow::bail!("--from must come before --to");
         }
     }
+    if from.is_some() || to.is_some() || !args.pid.is_empty() || !args.thread.is_empty() {
+        let before = r.samples.total();
+        r.samples = r.samples.filter(
+            // An epoch is in the window if its middle is.
+            |e| {
+                let middle = e.start_ns / 2 + e.end_ns / 2;
+                from.is_none_or(|f| middle >= f) && to.is_none_or(|t| middle < t)
+            },
+            |t, p| {
+                (args.pid.is_empty() || args.pid.contains(&p.pid))
+                    && (args.thread.is_empty()
+                        || args
+                            .thread
+                            .iter()
+                            .any(|want| *want == t.tid.to_string() || *want == t.name || t.label == *want))
+            },
+        );
+        if r.samples.total() == 0 && before > 0 {
+            eprintln!(
+                "rprof: warning: nothing recorded matches --from/--to/--pid/--thread ({before} in all)"
+            );
+        }
+    }
+    let format = match (args.format, &args.output) {
+        (Some(f), _) => f,
+        (None, Some(path)) => Format::of_path(path).ok_or_else(|| error::UserError::UnknownExtension {
+            path: path.display().to_string(),
+        })?,
+        (None, None) => Format::Svg,
+    };
+    let output = match (args.output, format) {
+        (Some(p), _) => Output::from_path(&p),
+        (None, Format::Summary) => Output::Stdout,
+        (None, _) => Output::File(args.input.with_extension(format.extension())),
+    };
+    if output == Output::File(args.input.clone()) {
+        anyhow::bail!("refusing to overwrite {} with itself", args.input.display());
+    }
+    let options = RenderOptions {
+        processes: args.processes,
+        threads: args.threads,
+        by_line: args.by_line,
+    };
+    recording::write_output(&r, &output, format, &options)?;
+    if output != Output::Stdout {
+        eprintln!("rprof: wrote {output}: {}", r.describe());
+    }
+    Ok(ExitCode::SUCCESS)
 }

@@ -4,15 +4,15 @@
 
 use std::collections::HashMap;
 use std::fs::File;
-use std::io::{BufWriter, Write};
+use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ExitStatus};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use flamegraphs::{Frame, FrameKind, Profile, SvgOptions};
-use serde::{Deserialize, Serialize};
+use flamegraphs::{Frame, FrameKind, ProcessInfo, ThreadInfo};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::bpf::{self, types, Probe, Record, Sample, Stats};
 use crate::cli::Format;
@@ -21,6 +21,11 @@ use crate::gc_time::{GcTime, SampleTime};
 use crate::launch::{self, StopSignals};
 use crate::process::Process;
 use crate::processes::{Counts, Followed, ProcessId, Processes};
+use crate::recording::continuous::{FlightRecorder, PartOutput, Rotation};
+use crate::recording::{
+    self, file, write_output, Counted, EpochCounts, Event, Header, Output, RenderOptions, Summary,
+    ThreadEntry,
+};
 use crate::resolve::{self, NativeNames, RubyFrame, Unknown};
 use crate::system;
 use crate::target::RubyTarget;
@@ -45,21 +50,34 @@ pub enum EventSpec {
     Syscalls(Vec<String>),
 }
 
+/// Recording without end, in bounded memory.
+#[derive(Debug, Clone, Copy)]
+pub enum Continuous {
+    /// One profile per interval, the newest `keep` kept.
+    Rotate { every: Duration, keep: Option<usize> },
+    /// The last `window`, written on SIGUSR2 and at the end.
+    FlightRecorder { window: Duration },
+}
+
 pub struct RecordConfig {
     pub target: Target,
     pub duration: Option<Duration>,
     pub event: EventSpec,
+    /// A file, or with `continuous`, a directory.
     pub output: Option<PathBuf>,
-    pub format: Format,
+    pub format: Option<Format>,
+    /// Also stream the recording into this file.
+    pub raw: Option<PathBuf>,
+    pub continuous: Option<Continuous>,
+    /// No progress line.
+    pub quiet: bool,
     pub force_version: Option<String>,
     /// Run a launched command as root even under sudo.
     pub as_root: bool,
     /// Follow every process the targets fork, at any depth.
     pub subprocesses: bool,
-    /// A root frame per process (`process PID:"command line"`), under its parent's.
-    pub processes: bool,
-    /// A frame per thread, under its process's.
-    pub threads: bool,
+    /// How the output is drawn: split by process, by thread; summary by line.
+    pub render: RenderOptions,
     /// Native frames stitched with the Ruby ones.
     pub native: bool,
     /// Keep the interpreter's own native frames (no folding).
@@ -68,17 +86,72 @@ pub struct RecordConfig {
     pub kernel: bool,
 }
 
-/// A recording as saved with `--format rprof`, re-rendered by `rprof report`.
-#[derive(Serialize, Deserialize)]
-pub struct Recording {
-    pub rprof_version: String,
-    pub pid: u32,
-    pub ruby_version: String,
-    pub event: String,
-    pub samples: u64,
-    pub lost: u64,
-    pub failed: u64,
-    pub profile: Profile,
+/// Where the epochs of a recording go as they close.
+struct Sinks {
+    /// The recording's file(s): --raw, `--format rprof`, or a temporary file
+    /// the output is rendered from at the end.
+    streams: Vec<file::Writer>,
+    /// --raw, said among what was written.
+    raw: Option<PathBuf>,
+    rotation: Option<Rotation>,
+    flight: Option<FlightRecorder>,
+    /// The stream the output is rendered from, if not written by then.
+    render_from: Option<usize>,
+}
+
+impl Sinks {
+    fn epoch(&mut self, counts: &EpochCounts, totals: &Summary, progress: &Progress) -> Result<()> {
+        for s in &mut self.streams {
+            s.epoch(counts).context("writing the recording")?;
+        }
+        if let Some(r) = &mut self.rotation {
+            if let Some(path) = r.epoch(counts, totals)? {
+                progress.say(&format!("rprof: wrote {}", path.display()));
+            }
+        }
+        if let Some(f) = &mut self.flight {
+            f.epoch(counts, totals)?;
+        }
+        Ok(())
+    }
+}
+
+/// The live line on a terminal: elapsed, samples, lost, failed, processes.
+struct Progress(ProgressBar);
+
+impl Progress {
+    fn new(quiet: bool) -> Self {
+        if quiet || !std::io::stderr().is_terminal() {
+            return Progress(ProgressBar::hidden());
+        }
+        let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr_with_hz(4));
+        if let Ok(style) = ProgressStyle::with_template("{spinner} rprof: recording {elapsed_precise}: {msg}")
+        {
+            bar.set_style(style);
+        }
+        bar.enable_steady_tick(Duration::from_millis(250));
+        Progress(bar)
+    }
+
+    fn update(&self, totals: &Summary, unit: &str, followed: Option<Counts>) {
+        let mut msg = format!(
+            "{} {unit}, {} lost, {} failed",
+            totals.samples, totals.lost, totals.failed
+        );
+        if let Some(n) = followed {
+            msg.push_str(&format!(", {} processes followed", n.followed));
+        }
+        self.0.set_message(msg);
+    }
+
+    /// A line above the progress line.
+    fn say(&self, line: &str) {
+        self.0.suspend(|| eprintln!("{line}"));
+    }
+
+    fn finish(&self) {
+        self.0.finish_and_clear();
+    }
 }
 
 /// Records until the duration ends, a stop signal, or the target exits.
@@ -98,6 +171,7 @@ pub fn record(cfg: RecordConfig) -> Result<Option<ExitStatus>> {
     if let EventSpec::Syscalls(_) = cfg.event {
         system::tracefs()?;
     }
+    let format = output_format(&cfg)?;
 
     let native_rows = cfg.native.then(|| {
         // RPROF_UNWIND_ROWS: room for more (or fewer) table rows in BPF.
@@ -112,7 +186,8 @@ pub fn record(cfg: RecordConfig) -> Result<Option<ExitStatus>> {
     })?;
     let signals = StopSignals::install()?;
     let unwinder = native_rows.map(Unwinder::new);
-    let mut processes = Processes::new(cfg.force_version.clone(), cfg.processes, unwinder);
+    // Processes are told apart in the recording whatever the output shows.
+    let mut processes = Processes::new(cfg.force_version.clone(), true, unwinder);
     if cfg.subprocesses {
         probe.attach_process_tracking()?;
     }
@@ -120,7 +195,7 @@ pub fn record(cfg: RecordConfig) -> Result<Option<ExitStatus>> {
         EventSpec::Cpu { .. } => vec!["cpu".to_string()],
         EventSpec::Syscalls(names) => names.clone(),
     };
-    let mut collector = Collector::new(event_names.clone(), cfg.processes, cfg.threads);
+    let mut collector = Collector::new(event_names.clone());
     if cfg.native || cfg.kernel {
         collector.native = Some((NativeNames::default(), cfg.native_all));
     }
@@ -162,6 +237,28 @@ pub fn record(cfg: RecordConfig) -> Result<Option<ExitStatus>> {
         (Target::Command(_), None) => 0,
     };
     collector.warm(&processes, cfg.kernel);
+    let header = Header {
+        rprof_version: env!("CARGO_PKG_VERSION").to_string(),
+        event: match &cfg.event {
+            EventSpec::Cpu { frequency } => Event::Cpu {
+                frequency: *frequency,
+            },
+            EventSpec::Syscalls(names) => Event::Syscalls(names.clone()),
+        },
+        started_ns: recording::unix_now_ns(),
+        target: format!(
+            "{} {}{}",
+            if roots.len() == 1 { "process" } else { "processes" },
+            roots.join(", "),
+            if cfg.subprocesses {
+                " and its subprocesses"
+            } else {
+                ""
+            }
+        ),
+    };
+    let output = output_path(&cfg, format, first_pid, header.started_ns);
+    let mut sinks = open_sinks(&cfg, &header, format, &output, first_pid)?;
     match &cfg.event {
         EventSpec::Cpu { frequency } => probe.attach_cpu_clock(*frequency)?,
         EventSpec::Syscalls(names) => {
@@ -175,8 +272,18 @@ pub fn record(cfg: RecordConfig) -> Result<Option<ExitStatus>> {
         EventSpec::Cpu { frequency } => format!("sampling at {frequency} Hz"),
         EventSpec::Syscalls(names) => format!("tracing {}", names.join(", ")),
     };
+    let until = match (cfg.duration, cfg.continuous) {
+        (Some(d), _) => format!("for {:.1}s (Ctrl-C to stop early)", d.as_secs_f64()),
+        (None, Some(Continuous::FlightRecorder { .. })) => {
+            format!(
+                "Ctrl-C to stop, `kill -USR2 {}` to write the window",
+                std::process::id()
+            )
+        }
+        (None, _) => "Ctrl-C to stop".to_string(),
+    };
     eprintln!(
-        "rprof: recording {} {}{}, {what}; {}",
+        "rprof: recording {} {}{}, {what}; {until}",
         if roots.len() == 1 { "process" } else { "processes" },
         roots.join(", "),
         if cfg.subprocesses {
@@ -184,14 +291,14 @@ pub fn record(cfg: RecordConfig) -> Result<Option<ExitStatus>> {
         } else {
             ""
         },
-        match cfg.duration {
-            Some(d) => format!("for {:.1}s (Ctrl-C to stop early)", d.as_secs_f64()),
-            None => "Ctrl-C to stop".to_string(),
-        }
     );
 
+    let progress = Progress::new(cfg.quiet);
+    let unit = header.event.unit().count_name();
     let started = Instant::now();
     let mut epoch_started = Instant::now();
+    let totals =
+        |probe: &Probe, c: &Collector| c.totals(&probe.stats().unwrap_or_default(), started.elapsed());
     // An error while recording still writes what was collected before it.
     let mut recording_error = None;
     loop {
@@ -220,10 +327,20 @@ pub fn record(cfg: RecordConfig) -> Result<Option<ExitStatus>> {
                 return Ok(true);
             }
             if epoch_started.elapsed() >= EPOCH {
-                collector.close_epoch(&mut probe, &mut processes, false)?;
+                let counts = collector.close_epoch(&mut probe, &mut processes, false, started.elapsed())?;
+                let totals = totals(&probe, &collector);
+                sinks.epoch(&counts, &totals, &progress)?;
+                progress.update(&totals, unit, cfg.subprocesses.then_some(processes.counts));
                 processes.sweep_ended(&mut probe, |f, u| collector.flush(f, u));
                 processes.refresh_threads(&mut probe)?;
                 epoch_started = Instant::now();
+            }
+            if signals.take_write_request() {
+                if let Some(f) = &sinks.flight {
+                    if let Some(path) = f.write(&totals(&probe, &collector))? {
+                        progress.say(&format!("rprof: wrote {}", path.display()));
+                    }
+                }
             }
             Ok(false)
         })();
@@ -237,35 +354,47 @@ pub fn record(cfg: RecordConfig) -> Result<Option<ExitStatus>> {
         }
     }
     probe.detach();
-    if let Err(e) = collector.close_epoch(&mut probe, &mut processes, true) {
-        recording_error.get_or_insert(e);
+    match collector.close_epoch(&mut probe, &mut processes, true, started.elapsed()) {
+        Ok(counts) => {
+            let totals = totals(&probe, &collector);
+            if let Err(e) = sinks.epoch(&counts, &totals, &progress) {
+                recording_error.get_or_insert(e);
+            }
+        }
+        Err(e) => {
+            recording_error.get_or_insert(e);
+        }
     }
+    progress.finish();
     let stats = probe.stats().unwrap_or_default();
+    let summary = collector.totals(&stats, started.elapsed());
     let ruby_version = Vec::from_iter(processes.ruby_versions.iter().cloned()).join(", ");
     for f in processes.all() {
         probe.remove_process(f.id.pid);
     }
-    let pid = first_pid;
 
-    let output = cfg
-        .output
-        .clone()
-        .unwrap_or_else(|| default_output(pid, cfg.format));
-    let recording = collector.finish(pid, ruby_version, &stats, event_names.join(","));
-    write_output(&recording, &output, cfg.format)?;
+    let written = finish_sinks(&mut sinks, &summary, &output, format, &cfg.render);
     let counts = cfg.subprocesses.then_some(processes.counts);
     let no_room = processes.native.as_ref().map_or(0, |u| u.no_room);
     print_summary(
-        &recording,
+        &summary,
+        &ruby_version,
+        unit,
         &stats,
         &collector,
         counts,
         no_room,
-        &output,
-        started.elapsed(),
+        written.as_ref().map_or(&[][..], |w| &w[..]),
     );
+    // What could not be written is the first error; a recording error after.
+    let written = written?;
     if let Some(e) = recording_error {
-        return Err(e.context("recording stopped early (what was collected is written)"));
+        let what = if written.is_empty() {
+            ""
+        } else {
+            " (what was collected is written)"
+        };
+        return Err(e.context(format!("recording stopped early{what}")));
     }
     let Some(mut c) = child else { return Ok(None) };
     if let Ok(Some(status)) = c.try_wait() {
@@ -276,10 +405,175 @@ pub fn record(cfg: RecordConfig) -> Result<Option<ExitStatus>> {
         return c.wait().map(Some).context("waiting for the command to exit");
     }
     eprintln!(
-        "rprof: {} (pid {pid}) is still running",
-        cfg_command_name(&cfg.target)
+        "rprof: {} (pid {}) is still running",
+        cfg_command_name(&cfg.target),
+        first_pid
     );
     Ok(None)
+}
+
+/// The format asked for, or the output's extension's, or svg.
+fn output_format(cfg: &RecordConfig) -> Result<Format> {
+    if let Some(f) = cfg.format {
+        return Ok(f);
+    }
+    match (&cfg.output, cfg.continuous) {
+        (Some(path), None) => Format::of_path(path).ok_or_else(|| {
+            UserError::UnknownExtension {
+                path: path.display().to_string(),
+            }
+            .into()
+        }),
+        _ => Ok(Format::Svg),
+    }
+}
+
+/// The output file; or with --rotate and --flight-recorder, the directory.
+fn output_path(cfg: &RecordConfig, format: Format, pid: u32, started_ns: u64) -> Output {
+    match (&cfg.output, cfg.continuous, format) {
+        (Some(p), None, _) => Output::from_path(p),
+        (Some(p), Some(_), _) => Output::File(p.clone()),
+        (None, Some(_), _) => Output::File(PathBuf::from(".")),
+        (None, None, Format::Summary) => Output::Stdout,
+        (None, None, _) => Output::File(PathBuf::from(format!(
+            "rprof-{pid}-{}.{}",
+            recording::timestamp(started_ns),
+            format.extension()
+        ))),
+    }
+}
+
+/// A new recording file, readable too: the output is rendered from it.
+fn create(path: &Path) -> Result<File> {
+    File::options()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(path)
+        .with_context(|| format!("creating {}", path.display()))
+}
+
+/// Opens what the epochs go to: files first, so that a path that cannot be
+/// written fails before recording starts.
+fn open_sinks(
+    cfg: &RecordConfig,
+    header: &Header,
+    format: Format,
+    output: &Output,
+    pid: u32,
+) -> Result<Sinks> {
+    let mut sinks = Sinks {
+        streams: Vec::new(),
+        raw: cfg.raw.clone(),
+        rotation: None,
+        flight: None,
+        render_from: None,
+    };
+    if let Some(raw) = &cfg.raw {
+        sinks.streams.push(
+            file::Writer::new(create(raw)?, header).with_context(|| format!("writing {}", raw.display()))?,
+        );
+    }
+    match (cfg.continuous, output) {
+        (Some(c), Output::File(dir)) => {
+            if dir.exists() && !dir.is_dir() {
+                anyhow::bail!(
+                    "{} is a file: with --rotate or --flight-recorder, -o names the directory the profiles go to",
+                    dir.display()
+                );
+            }
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+            let out = PartOutput {
+                dir: dir.clone(),
+                pid,
+                format,
+                options: cfg.render.clone(),
+            };
+            match c {
+                Continuous::Rotate { every, keep } => {
+                    sinks.rotation = Some(Rotation::new(out, every, keep, header.clone()))
+                }
+                Continuous::FlightRecorder { window } => {
+                    sinks.flight = Some(FlightRecorder::new(out, window, header.clone()))
+                }
+            }
+        }
+        (_, Output::File(path)) if format == Format::Rprof => {
+            sinks.streams.push(
+                file::Writer::new(create(path)?, header)
+                    .with_context(|| format!("writing {}", path.display()))?,
+            );
+        }
+        _ if cfg.raw.is_some() => sinks.render_from = Some(0),
+        _ => {
+            // Memory stays flat however long the recording: it waits on disk.
+            let tmp = tempfile::tempfile().context("creating a temporary file for the recording")?;
+            sinks
+                .streams
+                .push(file::Writer::new(tmp, header).context("writing the temporary recording")?);
+            sinks.render_from = Some(sinks.streams.len() - 1);
+        }
+    }
+    Ok(sinks)
+}
+
+/// Ends the streams with the summary and writes what is still to be
+/// written; returns what was written.
+fn finish_sinks(
+    sinks: &mut Sinks,
+    summary: &Summary,
+    output: &Output,
+    format: Format,
+    render: &RenderOptions,
+) -> Result<Vec<String>> {
+    let mut written: Vec<String> = sinks.raw.iter().map(|p| p.display().to_string()).collect();
+    let mut first_error = None;
+    for s in &mut sinks.streams {
+        if let Err(e) = s.finish(summary) {
+            first_error.get_or_insert(anyhow::Error::from(e).context("ending the recording"));
+        }
+    }
+    if let Some(r) = &mut sinks.rotation {
+        match r.finish(summary) {
+            Ok(Some(path)) => written.push(path.display().to_string()),
+            Ok(None) => {}
+            Err(e) => {
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    if let Some(f) = &sinks.flight {
+        match f.write(summary) {
+            Ok(Some(path)) => written.push(path.display().to_string()),
+            Ok(None) => {}
+            Err(e) => {
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    match sinks.render_from {
+        Some(i) => {
+            // Rendered from the file, as `report` would: the same formats
+            // from the same bytes.
+            let rendered = sinks.streams[i].read_back().and_then(|bytes| {
+                let read = file::parse(&bytes).context("reading the recording back")?;
+                write_output(&read.recording, output, format, render)
+            });
+            match rendered {
+                Ok(()) => written.push(output.to_string()),
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        None if sinks.rotation.is_none() && sinks.flight.is_none() => written.push(output.to_string()),
+        None => {}
+    }
+    match first_error {
+        Some(e) => Err(e),
+        None => Ok(written),
+    }
 }
 
 /// `PID (exe, Ruby X.Y.Z)`, as the first line names a target.
@@ -350,15 +644,17 @@ fn launch(argv: &[String], cfg: &RecordConfig, signals: &StopSignals) -> Result<
 /// Turns BPF's records and counts into a profile.
 struct Collector {
     events: Vec<String>,
-    /// A root frame per process.
-    process_frames: bool,
-    /// A frame per thread.
-    thread_frames: bool,
-    /// Resolved stacks by hash, with the generation they were last used in
-    /// and whether a frame in them is unknown.
-    stacks: HashMap<u64, (Vec<Frame>, u64, bool)>,
+    /// Resolved stacks by hash, with their thread, the generation they were
+    /// last used in and whether a frame in them is unknown.
+    stacks: HashMap<u64, CachedStack>,
     generation: u64,
-    profile: Profile,
+    /// The counts of the epoch open, by stack hash.
+    current: HashMap<u64, Counted>,
+    /// When the epoch open started, since the recording did.
+    epoch_start: Duration,
+    /// Each process as the recording describes it, made at its first sample
+    /// (workers rename themselves after the fork).
+    process_info: HashMap<ProcessId, Rc<ProcessInfo>>,
     /// Counted events whose stack never reached userspace (ring buffer full).
     undelivered: u64,
     /// Frames shown as `[unknown]`, counted once per stack that has them, by reason.
@@ -383,14 +679,14 @@ struct Collector {
 }
 
 impl Collector {
-    fn new(events: Vec<String>, process_frames: bool, thread_frames: bool) -> Self {
+    fn new(events: Vec<String>) -> Self {
         Self {
             events,
-            process_frames,
-            thread_frames,
             stacks: HashMap::new(),
             generation: 0,
-            profile: Profile::default(),
+            current: HashMap::new(),
+            epoch_start: Duration::ZERO,
+            process_info: HashMap::new(),
             undelivered: 0,
             unknown_frames: HashMap::new(),
             unknown_samples: 0,
@@ -461,29 +757,31 @@ impl Collector {
     /// A record of process `f`. If the GC was busy while its frames were
     /// read, it waits (unless `last_try`) for the GC to stand still.
     fn add_sample(&mut self, s: Sample, f: &mut Followed, unwinder: Option<&Unwinder>, last_try: bool) {
-        let (stack, unknown) = self.build_stack(&s, f, unwinder);
+        let (thread, stack, unknown) = self.build_stack(&s, f, unwinder);
         if !last_try && unknown.contains(&Unknown::GcBusy) {
             self.deferred.push(s);
             return;
         }
+        let hash = s.header.hash;
         if s.has(types::rprof_sample_flags::RPROF_SAMPLE_DIRECT) {
             self.count_unknown(&unknown);
             self.unknown_samples += u64::from(!unknown.is_empty());
-            self.profile.add(&stack, 1);
+            self.count(hash, &thread, &Rc::new(stack), 1);
             return;
         }
         // The same hash means the same frames at the same GC time, so the same
         // objects: if an earlier reading named them all, it stands.
         if !unknown.is_empty() {
-            if let Some((_, gen, false)) = self.stacks.get_mut(&s.header.hash) {
-                *gen = self.generation;
+            if let Some(cached) = self.stacks.get_mut(&hash).filter(|c| !c.unknown) {
+                cached.generation = self.generation;
                 return;
             }
         }
         self.count_unknown(&unknown);
+        let stack = Rc::new(stack);
         // Counted in an epoch that closed while this record waited.
-        if let Some(n) = self.waiting_counts.remove(&s.header.hash) {
-            self.profile.add(&stack, n);
+        if let Some(n) = self.waiting_counts.remove(&hash) {
+            self.count(hash, &thread, &stack, n);
             if !unknown.is_empty() {
                 self.unknown_samples += n;
             }
@@ -492,8 +790,58 @@ impl Collector {
             eprintln!("rprof: named a whole stack");
             self.say_named = false;
         }
-        self.stacks
-            .insert(s.header.hash, (stack, self.generation, !unknown.is_empty()));
+        self.stacks.insert(
+            hash,
+            CachedStack {
+                thread,
+                frames: stack,
+                generation: self.generation,
+                unknown: !unknown.is_empty(),
+            },
+        );
+    }
+
+    /// Adds `n` events of this stack to the epoch open.
+    fn count(&mut self, hash: u64, thread: &Rc<ThreadEntry>, stack: &Rc<Vec<Frame>>, n: u64) {
+        self.current
+            .entry(hash)
+            .or_insert_with(|| (thread.clone(), stack.clone(), 0))
+            .2 += n;
+    }
+
+    /// The recording's counts so far.
+    fn totals(&self, stats: &Stats, elapsed: Duration) -> Summary {
+        Summary {
+            samples: stats.events,
+            lost: stats.lost + self.undelivered,
+            failed: stats.read_failed,
+            unknown: self.unknown_samples,
+            duration_ns: elapsed.as_nanos() as u64,
+        }
+    }
+
+    /// The process of a sample as the recording describes it.
+    fn process_info(&mut self, f: &mut Followed) -> Rc<ProcessInfo> {
+        if let Some(p) = self.process_info.get(&f.id) {
+            return p.clone();
+        }
+        let mut frames = f.frames();
+        let label = frames.pop().unwrap_or_default();
+        let process = Process { pid: f.id.pid };
+        let p = Rc::new(ProcessInfo {
+            pid: f.id.pid,
+            started: system::start_time(f.id.start_ticks),
+            command: process.command_line(),
+            runtime: f
+                .ruby
+                .as_ref()
+                .map(|r| format!("Ruby {}", r.target.version))
+                .unwrap_or_default(),
+            label,
+            parents: frames,
+        });
+        self.process_info.insert(f.id, p.clone());
+        p
     }
 
     fn count_unknown(&mut self, unknown: &[Unknown]) {
@@ -502,33 +850,48 @@ impl Collector {
         }
     }
 
-    /// Root first: processes, thread, [truncated], Ruby frames, then the traced event;
-    /// and why frames could not be named.
+    /// The sample's thread; its stack, root first: [truncated], Ruby frames,
+    /// then the traced event; and why frames could not be named.
     fn build_stack(
         &mut self,
         s: &Sample,
         f: &mut Followed,
         unwinder: Option<&Unwinder>,
-    ) -> (Vec<Frame>, Vec<Unknown>) {
+    ) -> (Rc<ThreadEntry>, Vec<Frame>, Vec<Unknown>) {
         let h = &s.header;
         let comm: Vec<u8> = h.comm.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
+        let comm = String::from_utf8_lossy(&comm).into_owned();
+        let process = self.process_info(f);
         let mut stack = Vec::with_capacity(s.frames.len() + 4);
-        if self.process_frames {
-            stack.extend(f.frames().into_iter().map(Frame::process));
-        }
+        let native_thread = |process| ThreadEntry {
+            process,
+            thread: ThreadInfo {
+                process: 0,
+                tid: h.tid,
+                label: format!("{comm} [{}]", h.tid),
+                name: comm.clone(),
+            },
+        };
         let Some(ruby) = f.ruby.as_mut() else {
             stack.push(Frame::marker("[process not profiled]"));
-            return (stack, Vec::new());
+            return (Rc::new(native_thread(process)), stack, Vec::new());
         };
         let resolver = &mut ruby.resolver;
         // An M:N Ruby thread moves between native threads: name it, not them.
-        if self.thread_frames {
-            stack.push(Frame::thread(if h.ruby_thread != 0 {
-                resolver.ruby_thread(h.ruby_thread)
-            } else {
-                format!("{} [{}]", String::from_utf8_lossy(&comm), h.tid)
-            }));
-        }
+        let thread = Rc::new(if h.ruby_thread != 0 {
+            let label = resolver.ruby_thread(h.ruby_thread);
+            ThreadEntry {
+                process,
+                thread: ThreadInfo {
+                    process: 0,
+                    tid: 0,
+                    name: label.clone(),
+                    label,
+                },
+            }
+        } else {
+            native_thread(process)
+        });
         if s.has(types::rprof_sample_flags::RPROF_SAMPLE_READ_FAILED) {
             stack.push(Frame::marker("[failed to read the Ruby stack]"));
         } else if s.has(types::rprof_sample_flags::RPROF_SAMPLE_FOREIGN_EC) {
@@ -551,14 +914,10 @@ impl Collector {
             )),
             None => stack.extend(ruby.iter().rev().filter_map(|r| r.frame.clone())),
         }
-        // A thread running no Ruby: without its thread frame (or native
-        // frames), say so.
-        if !self.thread_frames
-            && s.frames.is_empty()
-            && s.native.is_empty()
-            && !stack.iter().any(|f| f.kind == FrameKind::Marker)
-        {
-            stack.push(Frame::marker("[no Ruby frames]"));
+        // A thread running no Ruby (nor native frames): said by its thread
+        // frame, or this one.
+        if s.frames.is_empty() && s.native.is_empty() && !stack.iter().any(|f| f.kind == FrameKind::Marker) {
+            stack.push(Frame::marker(recording::NO_RUBY_FRAMES));
         }
         if h.event > 0 {
             let name = self
@@ -568,7 +927,7 @@ impl Collector {
                 .unwrap_or_else(|| format!("event {}", h.event));
             stack.push(Frame::event(name));
         }
-        (stack, unknown)
+        (thread, stack, unknown)
     }
 
     /// The sample's Ruby frames, named, leaf first, and why any could not be.
@@ -637,7 +996,13 @@ impl Collector {
     /// Adds the closed epoch's counts to the profile. A stack still waiting
     /// for its GC to stand still keeps its count until it is named, unless
     /// this is the `last` epoch.
-    fn close_epoch(&mut self, probe: &mut Probe, processes: &mut Processes, last: bool) -> Result<()> {
+    fn close_epoch(
+        &mut self,
+        probe: &mut Probe,
+        processes: &mut Processes,
+        last: bool,
+        now: Duration,
+    ) -> Result<EpochCounts> {
         let (records, counts) = probe.close_epoch()?;
         for r in records {
             self.on_record(r, processes, probe)?;
@@ -645,12 +1010,13 @@ impl Collector {
         self.retry(last, processes);
         for (hash, n) in counts {
             match self.stacks.get_mut(&hash) {
-                Some((stack, gen, unknown)) => {
-                    *gen = self.generation;
-                    self.profile.add(stack, n);
-                    if *unknown {
+                Some(cached) => {
+                    cached.generation = self.generation;
+                    if cached.unknown {
                         self.unknown_samples += n;
                     }
+                    let (thread, frames) = (cached.thread.clone(), cached.frames.clone());
+                    self.count(hash, &thread, &frames, n);
                 }
                 None if self.deferred.iter().any(|s| s.header.hash == hash) => {
                     *self.waiting_counts.entry(hash).or_default() += n;
@@ -664,33 +1030,39 @@ impl Collector {
         self.named_ruby.clear();
         // Each epoch re-sends the stacks it sees: older ones can go.
         let keep = self.generation.saturating_sub(1);
-        self.stacks.retain(|_, (_, gen, _)| *gen >= keep);
+        self.stacks.retain(|_, c| c.generation >= keep);
         self.generation += 1;
-        Ok(())
-    }
-
-    fn finish(&self, pid: u32, ruby_version: String, stats: &Stats, event: String) -> Recording {
-        Recording {
-            rprof_version: env!("CARGO_PKG_VERSION").to_string(),
-            pid,
-            ruby_version,
-            event,
-            samples: stats.events,
-            lost: stats.lost + self.undelivered,
-            failed: stats.read_failed,
-            profile: self.profile.clone(),
-        }
+        // Processes that ended are described no more.
+        self.process_info
+            .retain(|id, _| processes.get(id.pid, id.start_ticks).is_some());
+        let epoch = EpochCounts {
+            start_ns: self.epoch_start.as_nanos() as u64,
+            end_ns: now.as_nanos() as u64,
+            counts: self.current.drain().map(|(_, c)| c).collect(),
+        };
+        self.epoch_start = now;
+        Ok(epoch)
     }
 }
 
+/// A stack named, kept while epochs count it.
+struct CachedStack {
+    thread: Rc<ThreadEntry>,
+    frames: Rc<Vec<Frame>>,
+    generation: u64,
+    unknown: bool,
+}
+
+#[allow(clippy::too_many_arguments)]
 fn print_summary(
-    r: &Recording,
+    summary: &Summary,
+    ruby_version: &str,
+    unit: &str,
     stats: &Stats,
     c: &Collector,
     followed: Option<Counts>,
     tables_without_room: u64,
-    output: &Path,
-    elapsed: Duration,
+    written: &[String],
 ) {
     let mut notes = Vec::new();
     if let Some(n) = followed {
@@ -760,11 +1132,11 @@ fn print_summary(
             stats.agg_full
         ));
     }
-    if stats.verified > 0 && !r.ruby_version.starts_with("2.") {
+    if stats.verified > 0 && !ruby_version.starts_with("2.") {
         notes.push(format!("{} checked to be the thread's own EC", stats.verified));
     }
     if stats.foreign_ec > 0 {
-        notes.push(if r.ruby_version.starts_with("2.") {
+        notes.push(if ruby_version.starts_with("2.") {
             format!("{} without the GVL", stats.foreign_ec)
         } else {
             format!(
@@ -778,72 +1150,15 @@ fn print_summary(
     } else {
         format!(" ({})", notes.join(", "))
     };
-    let unit = if r.event == "cpu" { "samples" } else { "events" };
+    let wrote = match written {
+        [] => "nothing written".to_string(),
+        _ => format!("wrote {}", written.join(", ")),
+    };
     eprintln!(
-        "rprof: {} {unit}, {} lost, {} failed in {:.1}s{notes}; wrote {}",
-        r.samples,
-        r.lost,
-        r.failed,
-        elapsed.as_secs_f64(),
-        output.display()
+        "rprof: {} {unit}, {} lost, {} failed in {:.1}s{notes}; {wrote}",
+        summary.samples,
+        summary.lost,
+        summary.failed,
+        summary.duration_ns as f64 / 1e9,
     );
-}
-
-pub fn write_output(r: &Recording, output: &Path, format: Format) -> Result<()> {
-    let file = File::create(output).with_context(|| format!("creating {}", output.display()))?;
-    let mut w = BufWriter::new(file);
-    match format {
-        Format::Svg | Format::Flame => {
-            let opts = SvgOptions {
-                title: format!("rprof: process {} (Ruby {}), {}", r.pid, r.ruby_version, r.event),
-                subtitle: Some(format!(
-                    "{} samples, {} lost, {} failed",
-                    r.samples, r.lost, r.failed
-                )),
-                count_name: if r.event == "cpu" { "samples" } else { "events" }.to_string(),
-                icicle: format == Format::Svg,
-            };
-            r.profile.write_svg(&mut w, &opts)?;
-        }
-        Format::Folded => r.profile.write_folded(&mut w)?,
-        Format::Rprof => serde_json::to_writer(&mut w, r).context("writing the recording")?,
-    }
-    w.flush().with_context(|| format!("writing {}", output.display()))
-}
-
-pub fn read_recording(path: &Path) -> Result<Recording> {
-    let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    serde_json::from_reader(std::io::BufReader::new(file)).with_context(|| {
-        format!(
-            "{} is not an rprof recording (written with --format rprof)",
-            path.display()
-        )
-    })
-}
-
-fn default_output(pid: u32, format: Format) -> PathBuf {
-    PathBuf::from(format!(
-        "rprof-{pid}-{}.{}",
-        local_timestamp(),
-        format.extension()
-    ))
-}
-
-/// YYYYmmdd-HHMMSS in local time.
-fn local_timestamp() -> String {
-    // SAFETY: time(NULL) and localtime_r with a zeroed tm we own.
-    unsafe {
-        let now = libc::time(std::ptr::null_mut());
-        let mut tm: libc::tm = std::mem::zeroed();
-        libc::localtime_r(&now, &mut tm);
-        format!(
-            "{:04}{:02}{:02}-{:02}{:02}{:02}",
-            tm.tm_year + 1900,
-            tm.tm_mon + 1,
-            tm.tm_mday,
-            tm.tm_hour,
-            tm.tm_min,
-            tm.tm_sec
-        )
-    }
 }

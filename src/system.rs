@@ -115,6 +115,21 @@ fn edit_distance(a: &str, b: &str) -> usize {
     prev[b.len()]
 }
 
+/// When a process started, in seconds since the Unix epoch, from its start
+/// in clock ticks after boot (/proc/PID/stat) and the boot time (/proc/stat).
+pub fn start_time(start_ticks: u64) -> u64 {
+    let boot: u64 = fs::read_to_string("/proc/stat")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("btime ")?.trim().parse().ok())
+        })
+        .unwrap_or(0);
+    // SAFETY: sysconf only reads a configuration value.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    boot + start_ticks / hz
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

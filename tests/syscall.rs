@@ -36,8 +36,10 @@ fn a_syscall_made_without_the_gvl_is_charged_to_its_own_thread() {
     assert!(run.success, "{}", run.stderr);
     no_foreign_ec(&run.stderr);
     let mine = run.folded.of_thread(&caller);
+    // The cruncher holds the GVL for whole timeslices (100 ms): the syscaller
+    // gets it back about 10 times a second at worst (21 events in 2 s seen).
     assert!(
-        mine.total() > 20,
+        mine.total() >= 10,
         "too few events of the syscalling thread: {:?}",
         run.folded.stacks
     );

@@ -1,8 +1,11 @@
 //! Renders profiles: stacks of frames with sample counts.
 //!
-//! The profiler builds a [`Profile`]; this crate turns it into an icicle or
-//! flame graph SVG (through inferno) or folded stacks. It knows nothing of Ruby
-//! or BPF, so it can be tested and reused on its own.
+//! The profiler records [`Samples`] (processes, threads, interned stacks and
+//! their counts per epoch of time); this crate renders them: an icicle or
+//! flame graph SVG (through inferno) and folded stacks from the [`Profile`]
+//! they sum to, speedscope's JSON per thread, pprof's gzipped protobuf, and a
+//! summary table. It knows nothing of Ruby or BPF, so it can be tested and
+//! reused on its own.
 //!
 //! ```
 //! use flamegraphs::{Frame, Profile, SvgOptions};
@@ -21,6 +24,13 @@ use std::fmt;
 use std::io::{self, Write};
 
 use serde::{Deserialize, Serialize};
+
+pub mod pprof;
+mod samples;
+pub mod speedscope;
+pub mod summary;
+
+pub use samples::{BadReference, Count, Epoch, ProcessInfo, Samples, Split, ThreadInfo, Unit};
 
 /// What a frame stands for; decides nothing but how it is shown.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -92,6 +102,18 @@ impl Frame {
             name: name.into(),
             file: None,
             line: None,
+        }
+    }
+}
+
+impl Frame {
+    /// The name with its kind's suffix (`_[n]`, `_[k]`) but no source
+    /// location: a function, for formats that keep the file and line apart.
+    pub fn to_string_without_location(&self) -> String {
+        match self.kind {
+            FrameKind::NativeCode => format!("{}_[n]", self.name),
+            FrameKind::Kernel => format!("{}_[k]", self.name),
+            _ => self.name.clone(),
         }
     }
 }
@@ -172,7 +194,8 @@ impl Profile {
             return;
         }
         let ids: Vec<u32> = stack.iter().map(|f| self.intern(f)).collect();
-        *self.stacks.entry(ids).or_insert(0) += count;
+        let sum = self.stacks.entry(ids).or_insert(0);
+        *sum = sum.saturating_add(count);
     }
 
     fn intern(&mut self, frame: &Frame) -> u32 {
@@ -187,7 +210,7 @@ impl Profile {
 
     /// Total samples.
     pub fn total(&self) -> u64 {
-        self.stacks.values().sum()
+        self.stacks.values().fold(0u64, |sum, n| sum.saturating_add(*n))
     }
 
     /// Every distinct stack, root first, with its count, in a stable order.

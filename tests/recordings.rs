@@ -1,0 +1,777 @@
+//! Recordings and formats: one recording rendered into every format tells the
+//! same totals; `go tool pprof` reads the pprof; the speedscope file validates
+//! against speedscope's schema; SIGKILL, truncation and damage leave something
+//! readable or one clear line; rotation and the flight recorder write
+//! complete profiles of the expected time windows in flat memory.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStderr, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+fn ok(out: Output) -> (String, String) {
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!stderr.contains("panicked"), "rprof panicked: {stderr}");
+    assert!(out.status.success(), "rprof failed: {stderr}");
+    (stdout, stderr)
+}
+
+fn path(p: &Path) -> &str {
+    p.to_str().expect("utf8 path")
+}
+
+/// `rprof report -i INPUT ARGS...`, which must succeed; its stdout and stderr.
+fn report(input: &Path, args: &[&str]) -> (String, String) {
+    let mut all = vec!["report", "-i", path(input)];
+    all.extend_from_slice(args);
+    ok(rprof(&all))
+}
+
+/// The seconds a report says its recording covers (`wrote X: 2.5s of ...`).
+fn held_seconds(report_stderr: &str) -> f64 {
+    let line = report_stderr
+        .lines()
+        .find(|l| l.starts_with("rprof: wrote"))
+        .unwrap_or_else(|| panic!("no wrote line: {report_stderr}"));
+    let before = line.rsplit_once("s of ").map_or("", |(b, _)| b);
+    let number = before.rsplit(' ').next().unwrap_or("");
+    number
+        .parse()
+        .unwrap_or_else(|_| panic!("no duration in {line:?}"))
+}
+
+/// The two threads of threads.rb busy, recorded for 3 s into `dir/rec.rprof`
+/// (with --raw) and `dir/rec.folded`; rprof's stderr.
+fn record_threads(dir: &Path) -> (Target, String) {
+    let target = Ruby::named("3.3").spawn("threads.rb", &[]);
+    let (_, stderr) = ok(rprof(&[
+        "record",
+        "-p",
+        &target.pid.to_string(),
+        "-d",
+        "3",
+        "--threads",
+        "--raw",
+        path(&dir.join("rec.rprof")),
+        "-o",
+        path(&dir.join("rec.folded")),
+    ]));
+    (target, stderr)
+}
+
+fn summary_number(stderr: &str, what: &str) -> u64 {
+    Run {
+        folded: Folded::default(),
+        stderr: stderr.to_string(),
+        success: true,
+        code: Some(0),
+    }
+    .summary(what)
+}
+
+/// The totals of each format, read as their users' tools would.
+#[test]
+fn every_format_tells_the_totals_of_the_recording() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (target, stderr) = record_threads(dir.path());
+    let raw = dir.path().join("rec.rprof");
+    let recorded = Folded::parse(&std::fs::read_to_string(dir.path().join("rec.folded")).expect("folded"));
+    let total = recorded.total();
+    let (samples, lost) = (
+        summary_number(&stderr, "samples"),
+        summary_number(&stderr, "lost"),
+    );
+    assert!(total > 200, "two busy threads for 3 s at 99 Hz: {total}");
+    assert_eq!(
+        total,
+        samples - lost,
+        "every sample counted is in the profile or counted lost: {stderr}"
+    );
+    // Both threads, by their names and thread ids.
+    for name in ["alpha", "beta"] {
+        let tid = target.get(name);
+        assert!(
+            recorded.of_thread(tid).total() > 50,
+            "{name} [{tid}]: {recorded:?}"
+        );
+    }
+
+    // folded again, from the recording: the same stacks.
+    let again = dir.path().join("again.folded");
+    report(&raw, &["--threads", "-o", path(&again)]);
+    let again = Folded::parse(&std::fs::read_to_string(&again).expect("folded"));
+    assert_eq!(again.stacks.len(), recorded.stacks.len());
+    assert_eq!(again.total(), total);
+
+    // summary: its total line.
+    let (table, _) = report(&raw, &["--format", "summary"]);
+    assert!(table.contains(&format!("\n{total} samples in all\n")), "{table}");
+    assert!(table.contains("Object#alpha_work"), "{table}");
+
+    // svg and flame: the total in the subtitle, both threads drawn.
+    for (format, direction) in [("svg", "inverted"), ("flame", "")] {
+        let svg = dir.path().join(format!("rec-{format}.svg"));
+        report(&raw, &["--format", format, "--threads", "-o", path(&svg)]);
+        let svg = std::fs::read_to_string(&svg).expect("svg");
+        assert!(
+            svg.contains(&format!("{total} samples")),
+            "{format}: subtitle with the total"
+        );
+        assert!(
+            svg.contains("alpha [") && svg.contains("beta ["),
+            "{format}: both threads"
+        );
+        assert!(svg.contains(direction));
+        assert!(svg.trim_end().ends_with("</svg>"));
+    }
+
+    // speedscope: weights sum to the samples' CPU time, a profile per thread.
+    let json = dir.path().join("rec.speedscope.json");
+    report(&raw, &["-o", path(&json)]);
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).expect("json")).expect("json");
+    let period = 1_000_000_000 / 99;
+    let weights: u64 = doc["profiles"]
+        .as_array()
+        .expect("profiles")
+        .iter()
+        .flat_map(|p| p["weights"].as_array().expect("weights").iter())
+        .map(|w| w.as_u64().expect("integer weight"))
+        .sum();
+    assert_eq!(weights, total * period);
+    let names: Vec<&str> = doc["profiles"]
+        .as_array()
+        .expect("profiles")
+        .iter()
+        .map(|p| p["name"].as_str().expect("name"))
+        .collect();
+    for name in ["alpha", "beta"] {
+        let tid = target.get(name);
+        assert!(
+            names.iter().any(|n| n.ends_with(&format!("{name} [{tid}]"))),
+            "a profile for {name}: {names:?}"
+        );
+    }
+
+    // pprof: go tool pprof's total.
+    let pb = dir.path().join("rec.pb.gz");
+    report(&raw, &["-o", path(&pb)]);
+    let top = go_pprof(&pb, &["-top", "-sample_index=samples"]);
+    assert!(
+        top.contains(&format!("of {total} total")),
+        "go tool pprof counts {total} samples: {top}"
+    );
+
+    // rprof, written whole by report: the same recording again.
+    let copy = dir.path().join("copy.rprof");
+    report(&raw, &["-o", path(&copy)]);
+    let (table_again, _) = report(&copy, &["--format", "summary"]);
+    assert_eq!(table_again, table);
+}
+
+#[test]
+fn report_cuts_a_time_window_a_process_or_a_thread() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (target, _) = record_threads(dir.path());
+    let raw = dir.path().join("rec.rprof");
+    let read = |args: &[&str]| -> (Folded, String) {
+        let out = dir.path().join("cut.folded");
+        let mut all = vec!["--threads", "-o", path(&out)];
+        all.extend_from_slice(args);
+        let (_, stderr) = report(&raw, &all);
+        (
+            Folded::parse(&std::fs::read_to_string(&out).expect("folded")),
+            stderr,
+        )
+    };
+    let (whole, stderr) = read(&[]);
+    let whole_seconds = held_seconds(&stderr);
+    assert!((2.9..=3.6).contains(&whole_seconds), "{stderr}");
+
+    // One second of three: a third of the samples, give or take an epoch.
+    let (window, stderr) = read(&["--from", "1s", "--to", "2"]);
+    let seconds = held_seconds(&stderr);
+    assert!((0.9..=1.1).contains(&seconds), "a 1 s window: {stderr}");
+    let share = window.total() as f64 / whole.total() as f64;
+    assert!(
+        (0.2..=0.45).contains(&share),
+        "{} of {}",
+        window.total(),
+        whole.total()
+    );
+
+    // A thread by name, another by id: only its stacks.
+    let alpha = target.get("alpha");
+    let (only, _) = read(&["--thread", "alpha"]);
+    assert_eq!(only.total(), whole.of_thread(alpha).total());
+    assert_eq!(only.of_thread(alpha).total(), only.total());
+    let beta = target.get("beta");
+    let (only, _) = read(&["--thread", beta]);
+    assert_eq!(only.total(), whole.of_thread(beta).total());
+
+    // Its process, or none.
+    let (mine, _) = read(&["--pid", &target.pid.to_string()]);
+    assert_eq!(mine.total(), whole.total());
+    let (none, stderr) = read(&["--pid", "1"]);
+    assert_eq!(none.total(), 0);
+    assert!(stderr.contains("nothing recorded matches"), "{stderr}");
+    let bad = rprof(&["report", "-i", path(&raw), "--from", "soon"]);
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("\"soon\" is not a duration"));
+}
+
+/// `go tool pprof ARGS FILE`, which must succeed; its output.
+fn go_pprof(file: &Path, args: &[&str]) -> String {
+    let out = Command::new("go")
+        .args(["tool", "pprof"])
+        .args(args)
+        .arg(file)
+        .env("HOME", std::env::temp_dir())
+        .output()
+        .expect("go tool pprof (Debian's golang-go; make test installs it)");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "go tool pprof failed: {text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text
+}
+
+/// `-top` rows: function name -> flat share in percent.
+fn pprof_flat_shares(top: &str) -> BTreeMap<String, f64> {
+    let mut rows = BTreeMap::new();
+    for line in top.lines() {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        if fields.len() < 6 || !fields[1].ends_with('%') || fields[0] == "flat" {
+            continue;
+        }
+        let Ok(flat) = fields[1].trim_end_matches('%').parse::<f64>() else {
+            continue;
+        };
+        // flat flat% sum% cum cum% name (which may hold spaces).
+        rows.insert(fields[5..].join(" "), flat);
+    }
+    rows
+}
+
+#[test]
+fn go_tool_pprof_agrees_with_rprof_within_one_percent() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (target, _) = record_threads(dir.path());
+    let raw = dir.path().join("rec.rprof");
+    let (table, _) = report(&raw, &["--format", "summary"]);
+    let pb = dir.path().join("rec.pb.gz");
+    report(&raw, &["-o", path(&pb)]);
+
+    // -top: the flat share of each of rprof's top functions.
+    let top = go_pprof(
+        &pb,
+        &["-top", "-nodecount=0", "-nodefraction=0", "-edgefraction=0"],
+    );
+    let pprof = pprof_flat_shares(&top);
+    let mut compared = 0;
+    for row in table.lines().skip(2).take(6) {
+        let fields: Vec<&str> = row.split_whitespace().collect();
+        if fields.len() < 5 || !fields[0].ends_with('%') {
+            continue;
+        }
+        let own: f64 = fields[0].trim_end_matches('%').parse().expect("self%");
+        let function = fields[4..].join(" ");
+        // pprof names functions without their file.
+        let name = function.rsplit_once(" (").map_or(function.as_str(), |(n, _)| n);
+        if own < 2.0 {
+            continue;
+        }
+        let theirs = pprof
+            .get(name)
+            .unwrap_or_else(|| panic!("{name} in go tool pprof -top: {top}"));
+        assert!(
+            (own - theirs).abs() <= 1.0,
+            "{name}: rprof {own}% and pprof {theirs}%\n{table}\n{top}"
+        );
+        compared += 1;
+    }
+    assert!(compared >= 2, "rprof's top functions compared: {table}");
+
+    // -traces: each sample's labels and leaf, summed by thread id, are the
+    // counts rprof's own folded output gives each thread.
+    let traces = go_pprof(&pb, &["-traces", "-sample_index=samples"]);
+    let folded = Folded::parse(&std::fs::read_to_string(dir.path().join("rec.folded")).expect("folded"));
+    let mut by_tid: BTreeMap<String, u64> = BTreeMap::new();
+    let mut labelled_names = Vec::new();
+    for block in traces.split("-----------+").skip(1) {
+        if block.trim().chars().all(|c| c == '-') {
+            continue; // the closing rule
+        }
+        let mut tid = None;
+        let mut value = None;
+        for line in block.lines() {
+            let t = line.trim();
+            if let Some(v) = t.strip_prefix("thread id:") {
+                tid = Some(v.trim().to_string());
+            } else if let Some(v) = t.strip_prefix("thread name:") {
+                labelled_names.push(v.trim().to_string());
+            } else if value.is_none() {
+                if let Some((n, _leaf)) = t.split_once(char::is_whitespace) {
+                    value = n.parse::<u64>().ok();
+                }
+            }
+        }
+        let (Some(tid), Some(n)) = (tid, value) else {
+            panic!("a trace without thread id or count: {block}");
+        };
+        *by_tid.entry(tid).or_default() += n;
+    }
+    for name in ["alpha", "beta"] {
+        let tid = target.get(name);
+        assert_eq!(
+            by_tid.get(tid).copied().unwrap_or(0),
+            folded.of_thread(tid).total(),
+            "{name}'s samples in -traces: {by_tid:?}"
+        );
+        assert!(
+            labelled_names.iter().any(|n| n == name),
+            "thread name label {name}"
+        );
+    }
+}
+
+/// speedscope's published schema (npm package speedscope), as `make test`
+/// fetches it.
+const SPEEDSCOPE_SCHEMA: &str = "/var/cache/rprof/speedscope/file-format-schema.json";
+
+#[test]
+fn speedscope_file_validates_against_speedscope_schema() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    record_threads(dir.path());
+    let json = dir.path().join("rec.speedscope.json");
+    report(
+        &dir.path().join("rec.rprof"),
+        &["--format", "speedscope", "-o", path(&json)],
+    );
+    let check = Command::new("python3")
+        .args([
+            "-c",
+            "import json,sys,jsonschema; s=json.load(open(sys.argv[1])); \
+             jsonschema.Draft7Validator.check_schema(s); \
+             jsonschema.validate(json.load(open(sys.argv[2])), s, cls=jsonschema.Draft7Validator)",
+            SPEEDSCOPE_SCHEMA,
+            path(&json),
+        ])
+        .env("PATH", "/usr/bin:/bin")
+        .output()
+        .expect("python3 with jsonschema (make test installs python3-jsonschema)");
+    assert!(
+        check.status.success(),
+        "the speedscope file does not validate: {}",
+        String::from_utf8_lossy(&check.stderr)
+    );
+    // What the schema cannot say: indexes in range, a weight per sample.
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).expect("json")).expect("json");
+    let frames = doc["shared"]["frames"].as_array().expect("frames").len() as u64;
+    for p in doc["profiles"].as_array().expect("profiles") {
+        let samples = p["samples"].as_array().expect("samples");
+        assert_eq!(samples.len(), p["weights"].as_array().expect("weights").len());
+        for s in samples {
+            assert!(s
+                .as_array()
+                .expect("stack")
+                .iter()
+                .all(|f| f.as_u64().expect("index") < frames));
+        }
+        assert!(p["endValue"].as_u64() >= p["startValue"].as_u64());
+    }
+}
+
+/// rprof in the background with stderr read line by line.
+struct Background {
+    child: Child,
+    stderr: BufReader<ChildStderr>,
+    seen: String,
+}
+
+impl Background {
+    fn start(args: &[&str]) -> Background {
+        let mut child = Command::new(RPROF)
+            .args(args)
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start rprof");
+        let stderr = BufReader::new(child.stderr.take().expect("stderr"));
+        let mut b = Background {
+            child,
+            stderr,
+            seen: String::new(),
+        };
+        b.wait_line("rprof: recording");
+        b
+    }
+
+    /// Waits for a line starting with `prefix`; returns it.
+    fn wait_line(&mut self, prefix: &str) -> String {
+        loop {
+            let mut line = String::new();
+            let n = self.stderr.read_line(&mut line).expect("rprof's stderr");
+            assert!(n > 0, "rprof ended without printing {prefix:?}: {}", self.seen);
+            self.seen.push_str(&line);
+            assert!(!line.contains("panicked"), "{}", self.seen);
+            if line.starts_with(prefix) {
+                return line.trim_end().to_string();
+            }
+        }
+    }
+
+    fn signal(&self, sig: libc::c_int) {
+        signal(self.child.id(), sig);
+    }
+
+    /// Waits for rprof to end; the rest of its stderr.
+    fn finish(mut self) -> (bool, String) {
+        let status = self.child.wait().expect("rprof ends");
+        let mut rest = String::new();
+        std::io::Read::read_to_string(&mut self.stderr, &mut rest).expect("stderr");
+        self.seen.push_str(&rest);
+        assert!(!self.seen.contains("panicked"), "{}", self.seen);
+        (status.success(), self.seen)
+    }
+}
+
+#[test]
+fn sigkill_leaves_a_recording_short_of_at_most_its_last_second() {
+    let target = Ruby::named("3.3").spawn("threads.rb", &[]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let raw = dir.path().join("killed.rprof");
+    let mut rprof = Background::start(&[
+        "record",
+        "-p",
+        &target.pid.to_string(),
+        "--raw",
+        path(&raw),
+        "-o",
+        path(&dir.path().join("never.svg")),
+    ]);
+    let started = Instant::now();
+    std::thread::sleep(Duration::from_millis(3200));
+    rprof.signal(libc::SIGKILL);
+    let recorded_for = started.elapsed().as_secs_f64();
+    let _ = rprof.child.wait();
+    let (_, stderr) = report(
+        &raw,
+        &[
+            "--format",
+            "folded",
+            "-o",
+            path(&dir.path().join("killed.folded")),
+        ],
+    );
+    assert!(stderr.contains("was cut short at byte"), "{stderr}");
+    let held: f64 = stderr
+        .split_once("its first ")
+        .and_then(|(_, r)| r.split_once('s'))
+        .and_then(|(s, _)| s.parse().ok())
+        .unwrap_or_else(|| panic!("no duration in {stderr:?}"));
+    assert!(
+        held >= recorded_for - 1.0,
+        "killed after {recorded_for:.1}s, the file holds {held:.1}s: {stderr}"
+    );
+    let folded = Folded::parse(&std::fs::read_to_string(dir.path().join("killed.folded")).expect("folded"));
+    assert!(folded.total() > 100, "{folded:?}");
+    assert!(!dir.path().join("never.svg").exists());
+}
+
+#[test]
+fn damaged_recordings_get_one_clear_line() {
+    let target = Ruby::named("3.3").spawn("threads.rb", &[]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let rec = dir.path().join("rec.rprof");
+    ok(rprof(&[
+        "record",
+        "-p",
+        &target.pid.to_string(),
+        "-d",
+        "1.5",
+        "-o",
+        path(&rec),
+    ]));
+    let bytes = std::fs::read(&rec).expect("recording");
+    let try_read = |bytes: &[u8], name: &str| -> (bool, String) {
+        let p = dir.path().join(name);
+        std::fs::write(&p, bytes).expect("write");
+        let out = rprof(&[
+            "report",
+            "-i",
+            path(&p),
+            "--format",
+            "folded",
+            "-o",
+            path(&dir.path().join("x.folded")),
+        ]);
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(!stderr.contains("panicked"), "{stderr}");
+        if !out.status.success() {
+            assert_eq!(stderr.lines().count(), 1, "one line: {stderr}");
+            assert!(
+                stderr.starts_with(&format!("rprof: error: {}: ", p.display())),
+                "{stderr}"
+            );
+        }
+        (out.status.success(), stderr)
+    };
+    // Cut anywhere: read up to the cut, said so; or, before the header, refused.
+    for cut in (0..bytes.len()).step_by((bytes.len() / 40).max(1)) {
+        let (success, stderr) = try_read(&bytes[..cut], "cut.rprof");
+        if success {
+            assert!(stderr.contains("was cut short"), "cut at {cut}: {stderr}");
+        } else {
+            assert!(
+                stderr.contains("rprof was stopped before it wrote the header"),
+                "{stderr}"
+            );
+        }
+    }
+    let mut damaged = bytes.clone();
+    let middle = bytes.len() / 2;
+    damaged[middle] ^= 0x20;
+    let (success, stderr) = try_read(&damaged, "damaged.rprof");
+    assert!(!success && stderr.contains("it is damaged at byte "), "{stderr}");
+    let (success, stderr) = try_read(b"<?xml version=\"1.0\"?><svg/>", "foreign.rprof");
+    assert!(!success && stderr.contains("not an rprof recording"), "{stderr}");
+    let mut newer = bytes.clone();
+    newer[8] = 7;
+    let (success, stderr) = try_read(&newer, "newer.rprof");
+    assert!(!success && stderr.contains("version 7 recording"), "{stderr}");
+}
+
+/// Files rprof wrote into `dir`, oldest first.
+fn parts(dir: &Path) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .expect("output directory")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("rprof-"))
+        })
+        .collect();
+    files.sort_by_key(|p| std::fs::metadata(p).and_then(|m| m.modified()).expect("mtime"));
+    files
+}
+
+#[test]
+fn rotation_writes_a_complete_profile_per_interval_and_keeps_the_newest() {
+    let target = Ruby::named("3.3").spawn("threads.rb", &[]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = dir.path().join("profiles");
+    let (_, stderr) = ok(rprof(&[
+        "record",
+        "-p",
+        &target.pid.to_string(),
+        "-d",
+        "5.8",
+        "--rotate",
+        "1s",
+        "--keep",
+        "3",
+        "--format",
+        "rprof",
+        "-o",
+        &format!("{}/", out.display()),
+    ]));
+    let written: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("rprof: wrote "))
+        .collect();
+    assert!(written.len() >= 4, "a part a second: {stderr}");
+    let kept = parts(&out);
+    assert_eq!(kept.len(), 3, "--keep 3: {kept:?}");
+    assert!(
+        !out.read_dir().expect("dir").any(|e| e
+            .expect("entry")
+            .file_name()
+            .to_string_lossy()
+            .ends_with(".tmp")),
+        "no temporary file left"
+    );
+    for (i, part) in kept.iter().enumerate() {
+        let folded = dir.path().join(format!("part{i}.folded"));
+        let (_, stderr) = report(part, &["--threads", "-o", path(&folded)]);
+        assert!(!stderr.contains("cut short"), "each part is complete: {stderr}");
+        let held = held_seconds(&stderr);
+        let last = i == kept.len() - 1;
+        assert!(
+            held <= 1.6 && (last || held >= 0.9),
+            "part {i} covers about 1s: {held}s ({stderr})"
+        );
+        let folded = Folded::parse(&std::fs::read_to_string(&folded).expect("folded"));
+        let expected = 99.0 * held * 1.5;
+        assert!(
+            !last && folded.total() as f64 > expected * 0.5 || last && folded.total() > 0,
+            "part {i}: {} samples in {held}s",
+            folded.total()
+        );
+        assert!(
+            folded.total() as f64 <= 99.0 * 2.0 * (held + 0.1),
+            "part {i} counts its own second only"
+        );
+    }
+}
+
+#[test]
+fn flight_recorder_writes_its_window_on_sigusr2_and_at_the_end() {
+    let target = Ruby::named("3.3").spawn("threads.rb", &[]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut rprof = Background::start(&[
+        "record",
+        "-p",
+        &target.pid.to_string(),
+        "--flight-recorder",
+        "2s",
+        "--format",
+        "rprof",
+        "-o",
+        path(dir.path()),
+    ]);
+    std::thread::sleep(Duration::from_millis(4000));
+    rprof.signal(libc::SIGUSR2);
+    let first = rprof.wait_line("rprof: wrote ");
+    assert!(
+        rprof.child.try_wait().expect("status").is_none(),
+        "SIGUSR2 does not stop rprof"
+    );
+    std::thread::sleep(Duration::from_millis(1500));
+    rprof.signal(libc::SIGINT);
+    let (success, stderr) = rprof.finish();
+    assert!(success, "{stderr}");
+    let files = parts(dir.path());
+    assert_eq!(
+        files.len(),
+        2,
+        "one on SIGUSR2, one at the end: {files:?} {stderr}"
+    );
+    assert!(first.ends_with(&*files[0].to_string_lossy()), "{first}");
+    for f in &files {
+        let (_, stderr) = report(
+            f,
+            &["--format", "folded", "-o", path(&dir.path().join("w.folded"))],
+        );
+        assert!(!stderr.contains("cut short"), "{stderr}");
+        let held = held_seconds(&stderr);
+        assert!((1.9..=2.6).contains(&held), "the last 2s: {held}s ({stderr})");
+        let folded = Folded::parse(&std::fs::read_to_string(dir.path().join("w.folded")).expect("folded"));
+        assert!(folded.total() as f64 > 99.0 * 2.0 * 0.5, "{}", folded.total());
+    }
+}
+
+/// rprof's resident memory, in kB.
+fn rss_kb(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// A shortened run of what BENCHMARKS.md measures for an hour: under code
+/// churn (a new method and file every few milliseconds, GC.compact), rotated
+/// recording keeps rprof's memory flat.
+#[test]
+fn rotation_memory_stays_flat_under_code_churn() {
+    let target = Ruby::named("3.3").spawn("churn.rb", &["2000", "5", "20"]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let rprof = Background::start(&[
+        "record",
+        "-p",
+        &target.pid.to_string(),
+        "-d",
+        "24",
+        "--rotate",
+        "2s",
+        "--keep",
+        "2",
+        "--format",
+        "folded",
+        "-o",
+        path(dir.path()),
+    ]);
+    let pid = rprof.child.id();
+    let started = Instant::now();
+    let mut early = 0;
+    let mut late = 0;
+    while started.elapsed() < Duration::from_secs(23) {
+        std::thread::sleep(Duration::from_millis(500));
+        let rss = rss_kb(pid);
+        if started.elapsed() < Duration::from_secs(8) {
+            early = early.max(rss);
+        } else {
+            late = late.max(rss);
+        }
+    }
+    let (success, stderr) = rprof.finish();
+    assert!(success, "{stderr}");
+    assert!(early > 0 && late > 0);
+    eprintln!("rprof's RSS: {early} kB in the first 8 s, at most {late} kB after");
+    assert!(
+        late <= early + early / 4 + 2048,
+        "memory grows under churn: {early} kB early, {late} kB late"
+    );
+    let kept = parts(dir.path());
+    assert_eq!(kept.len(), 2, "{kept:?}");
+    let folded = Folded::parse(&std::fs::read_to_string(&kept[0]).expect("folded"));
+    assert!(folded.count(|f| f.contains("Churn#churn_")) > 0, "{folded:?}");
+}
+
+#[test]
+fn progress_line_and_quiet() {
+    // Not a terminal: no progress line, only the first and the last lines.
+    let target = Ruby::named("3.3").spawn("threads.rb", &[]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = dir.path().join("p.svg");
+    let (_, stderr) = ok(rprof(&[
+        "record",
+        "-p",
+        &target.pid.to_string(),
+        "-d",
+        "1",
+        "-o",
+        path(&out),
+    ]));
+    assert_eq!(stderr.lines().count(), 2, "{stderr}");
+    assert!(
+        stderr
+            .lines()
+            .last()
+            .is_some_and(|l| l.ends_with(&format!("wrote {}", out.display()))),
+        "{stderr}"
+    );
+    // On a terminal (script(1) gives rprof one): the live line.
+    let cmd = format!(
+        "{RPROF} record -p {} -d 2 -o {}",
+        target.pid,
+        dir.path().join("tty.svg").display()
+    );
+    let tty = Command::new("script")
+        .args(["-qec", &cmd, "/dev/null"])
+        .output()
+        .expect("script (util-linux)");
+    let text = String::from_utf8_lossy(&tty.stdout);
+    assert!(text.contains("rprof: recording 00:00:0"), "the live line: {text}");
+    let quiet = Command::new("script")
+        .args(["-qec", &format!("{cmd} --quiet"), "/dev/null"])
+        .output()
+        .expect("script");
+    let text = String::from_utf8_lossy(&quiet.stdout);
+    assert!(
+        !text.contains("rprof: recording 00:"),
+        "--quiet: no live line: {text}"
+    );
+}
