@@ -101,8 +101,22 @@ struct Sinks {
 
 impl Sinks {
     fn epoch(&mut self, counts: &EpochCounts, totals: &Summary, progress: &Progress) -> Result<()> {
-        for s in &mut self.streams {
-            s.epoch(counts).context("writing the recording")?;
+        for s in self.streams.iter_mut().filter(|s| !s.broken()) {
+            if let Err(e) = s.epoch(counts) {
+                let e = anyhow::Error::from(e).context(format!("writing {}", s.name));
+                // --raw is a copy: the recording goes on without it.
+                if self
+                    .raw
+                    .as_ref()
+                    .is_some_and(|raw| s.name == raw.display().to_string())
+                {
+                    progress.say(&format!(
+                        "rprof: warning: {e:#}; it ends at its last complete epoch, the recording goes on"
+                    ));
+                    continue;
+                }
+                return Err(e);
+            }
         }
         if let Some(r) = &mut self.rotation {
             if let Some(path) = r.epoch(counts, totals)? {
@@ -384,17 +398,19 @@ pub fn record(cfg: RecordConfig) -> Result<Option<ExitStatus>> {
         &collector,
         counts,
         no_room,
-        written.as_ref().map_or(&[][..], |w| &w[..]),
+        &written.0,
     );
-    // What could not be written is the first error; a recording error after.
-    let written = written?;
-    if let Some(e) = recording_error {
-        let what = if written.is_empty() {
-            ""
-        } else {
-            " (what was collected is written)"
-        };
-        return Err(e.context(format!("recording stopped early{what}")));
+    match (recording_error, written) {
+        (Some(e), (written, _)) => {
+            let what = if written.is_empty() {
+                ""
+            } else {
+                " (what was collected is written)"
+            };
+            return Err(e.context(format!("recording stopped early{what}")));
+        }
+        (None, (_, Some(e))) => return Err(e),
+        (None, (_, None)) => {}
     }
     let Some(mut c) = child else { return Ok(None) };
     if let Ok(Some(status)) = c.try_wait() {
@@ -472,7 +488,8 @@ fn open_sinks(
     };
     if let Some(raw) = &cfg.raw {
         sinks.streams.push(
-            file::Writer::new(create(raw)?, header).with_context(|| format!("writing {}", raw.display()))?,
+            file::Writer::new(create(raw)?, raw.display().to_string(), header)
+                .with_context(|| format!("writing {}", raw.display()))?,
         );
     }
     match (cfg.continuous, output) {
@@ -501,17 +518,17 @@ fn open_sinks(
         }
         (_, Output::File(path)) if format == Format::Rprof => {
             sinks.streams.push(
-                file::Writer::new(create(path)?, header)
+                file::Writer::new(create(path)?, path.display().to_string(), header)
                     .with_context(|| format!("writing {}", path.display()))?,
             );
         }
-        _ if cfg.raw.is_some() => sinks.render_from = Some(0),
         _ => {
             // Memory stays flat however long the recording: it waits on disk.
             let tmp = tempfile::tempfile().context("creating a temporary file for the recording")?;
-            sinks
-                .streams
-                .push(file::Writer::new(tmp, header).context("writing the temporary recording")?);
+            sinks.streams.push(
+                file::Writer::new(tmp, "the temporary recording".to_string(), header)
+                    .context("writing the temporary recording")?,
+            );
             sinks.render_from = Some(sinks.streams.len() - 1);
         }
     }
@@ -519,19 +536,21 @@ fn open_sinks(
 }
 
 /// Ends the streams with the summary and writes what is still to be
-/// written; returns what was written.
+/// written; returns what was written, and the first thing that could not be.
 fn finish_sinks(
     sinks: &mut Sinks,
     summary: &Summary,
     output: &Output,
     format: Format,
     render: &RenderOptions,
-) -> Result<Vec<String>> {
+) -> (Vec<String>, Option<anyhow::Error>) {
     let mut written: Vec<String> = sinks.raw.iter().map(|p| p.display().to_string()).collect();
     let mut first_error = None;
-    for s in &mut sinks.streams {
+    // A stream whose write failed has said so already (it stopped the recording).
+    for s in sinks.streams.iter_mut().filter(|s| !s.broken()) {
         if let Err(e) = s.finish(summary) {
-            first_error.get_or_insert(anyhow::Error::from(e).context("ending the recording"));
+            let name = s.name.clone();
+            first_error.get_or_insert(anyhow::Error::from(e).context(format!("ending {name}")));
         }
     }
     if let Some(r) = &mut sinks.rotation {
@@ -570,10 +589,7 @@ fn finish_sinks(
         None if sinks.rotation.is_none() && sinks.flight.is_none() => written.push(output.to_string()),
         None => {}
     }
-    match first_error {
-        Some(e) => Err(e),
-        None => Ok(written),
-    }
+    (written, first_error)
 }
 
 /// `PID (exe, Ruby X.Y.Z)`, as the first line names a target.

@@ -114,6 +114,14 @@ fn every_format_tells_the_totals_of_the_recording() {
     assert!(table.contains(&format!("\n{total} samples in all\n")), "{table}");
     assert!(table.contains("Object#alpha_work"), "{table}");
 
+    let (by_line, _) = report(&raw, &["--format", "summary", "--by-line"]);
+    assert!(
+        by_line
+            .lines()
+            .any(|l| l.contains("Object#alpha_work (") && l.contains("threads.rb:")),
+        "rows by line: {by_line}"
+    );
+
     // svg and flame: the total in the subtitle, both threads drawn.
     for (format, direction) in [("svg", "inverted"), ("flame", "")] {
         let svg = dir.path().join(format!("rec-{format}.svg"));
@@ -341,6 +349,33 @@ fn go_tool_pprof_agrees_with_rprof_within_one_percent() {
             "thread name label {name}"
         );
     }
+}
+
+#[test]
+fn syscalls_straight_to_pprof_count_events() {
+    // Ruby 3.1 calls getpid for Process.pid (later Rubies cache it).
+    let target = Ruby::host().spawn("syscalls.rb", &["getpid"]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pb = dir.path().join("getpid.pb.gz");
+    let (_, stderr) = ok(rprof(&[
+        "record",
+        "-p",
+        &target.pid.to_string(),
+        "-d",
+        "1",
+        "-o",
+        path(&pb),
+        "syscall",
+        "enter_getpid",
+    ]));
+    let (events, lost) = (summary_number(&stderr, "events"), summary_number(&stderr, "lost"));
+    let top = go_pprof(&pb, &["-top"]);
+    assert!(top.contains("Type: syscalls"), "{top}");
+    assert!(
+        top.contains(&format!("of {} total", events - lost)),
+        "{events} events: {top}"
+    );
+    assert!(pprof_flat_shares(&top).contains_key("enter_getpid"), "{top}");
 }
 
 /// speedscope's published schema (npm package speedscope), as `make test`
@@ -774,4 +809,74 @@ fn progress_line_and_quiet() {
         !text.contains("rprof: recording 00:"),
         "--quiet: no live line: {text}"
     );
+}
+
+/// A tmpfs of 64 KiB, unmounted when dropped.
+struct SmallDisk(tempfile::TempDir);
+
+impl SmallDisk {
+    /// With `free` KiB left (in whole pages).
+    fn new(free: usize) -> SmallDisk {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let out = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=64k", "tmpfs", path(dir.path())])
+            .output()
+            .expect("mount");
+        assert!(
+            out.status.success(),
+            "mount a tmpfs: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::fs::write(dir.path().join("filler"), vec![0u8; (64 - free) * 1024]).expect("fill the disk");
+        SmallDisk(dir)
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(self.0.path()).status();
+    }
+}
+
+#[test]
+fn a_full_disk_ends_the_raw_recording_cleanly_and_loses_nothing_else() {
+    // Code churn at 999 Hz: new frames every epoch fill 4 KiB at once.
+    let target = Ruby::named("3.3").spawn("churn.rb", &["2000", "5", "20"]);
+    let disk = SmallDisk::new(4);
+    let raw = disk.0.path().join("rec.rprof");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = dir.path().join("out.folded");
+    let (_, stderr) = ok(rprof(&[
+        "record",
+        "-p",
+        &target.pid.to_string(),
+        "-d",
+        "3",
+        "-F",
+        "999",
+        "--raw",
+        path(&raw),
+        "-o",
+        path(&out),
+    ]));
+    assert!(
+        stderr.contains(&format!(
+            "rprof: warning: writing {}: No space left on device",
+            raw.display()
+        )),
+        "{stderr}"
+    );
+    // The output has every sample: it does not depend on the raw copy.
+    let folded = Folded::parse(&std::fs::read_to_string(&out).expect("folded"));
+    let (samples, lost) = (
+        summary_number(&stderr, "samples"),
+        summary_number(&stderr, "lost"),
+    );
+    assert_eq!(folded.total(), samples - lost, "{stderr}");
+    // The raw file ends at its last whole block, and says it was cut short.
+    let (_, stderr) = report(
+        &raw,
+        &["--format", "folded", "-o", path(&dir.path().join("raw.folded"))],
+    );
+    assert!(stderr.contains("was cut short"), "{stderr}");
 }

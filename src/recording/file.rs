@@ -69,6 +69,8 @@ pub struct ReadRecording {
 /// Streams a recording into a file, an epoch at a time.
 pub struct Writer {
     file: File,
+    /// Its path, or what it is, for messages.
+    pub name: String,
     /// What has been written: the file's tables (no epochs kept).
     tables: Samples,
     written: [usize; 4],
@@ -80,13 +82,14 @@ pub struct Writer {
 
 impl Writer {
     /// Starts a recording in `file`, which must be empty.
-    pub fn new(mut file: File, header: &Header) -> std::io::Result<Self> {
+    pub fn new(mut file: File, name: String, header: &Header) -> std::io::Result<Self> {
         let mut start = MAGIC.to_vec();
         start.extend(VERSION.to_le_bytes());
         start.extend(block(&[Record::Header(header.clone())])?);
         file.write_all(&start)?;
         Ok(Self {
             file,
+            name,
             tables: Samples::new(header.event.unit()),
             written: [0; 4],
             good: start.len() as u64,
@@ -111,6 +114,11 @@ impl Writer {
             .map_err(anyhow::Error::from)
             .map_err(|e| e.context("reading the recording back"))?;
         Ok(bytes)
+    }
+
+    /// Whether a write failed: the file ends at its last complete block.
+    pub fn broken(&self) -> bool {
+        self.broken
     }
 
     /// Ends the recording with its summary.
