@@ -96,6 +96,8 @@ pub struct Samples {
     thread_index: HashMap<ThreadInfo, u32>,
     frame_index: HashMap<Frame, u32>,
     stack_index: HashMap<Vec<u32>, u32>,
+    /// Stacks left by the last `forget_before` that compacted the tables.
+    compacted_len: usize,
 }
 
 /// How stacks are split when they become a [`Profile`].
@@ -123,6 +125,7 @@ impl Samples {
             thread_index: HashMap::new(),
             frame_index: HashMap::new(),
             stack_index: HashMap::new(),
+            compacted_len: 0,
         }
     }
 
@@ -286,22 +289,20 @@ impl Samples {
         out
     }
 
-    /// Drops the epochs that ended before `ns`, and, once what is left refers
-    /// to less than half of the tables, what nothing refers to any more: the
-    /// memory of a window over a long recording stays bounded.
+    /// Drops the epochs that ended before `ns`, and, once the stacks have
+    /// doubled since the last time, what nothing refers to any more: a window
+    /// over a long recording holds at most twice what its epochs use, and
+    /// each compaction is paid for by as many stacks added.
     pub fn forget_before(&mut self, ns: u64) {
         let first = self
             .epochs
             .iter()
             .position(|e| e.end_ns > ns)
             .unwrap_or(self.epochs.len());
-        if first == 0 {
-            return;
-        }
         self.epochs.drain(..first);
-        let live: usize = self.epochs.iter().map(|e| e.counts.len()).sum();
-        if self.stacks.len() > 64 && live < self.stacks.len() / 2 {
+        if self.stacks.len() > 2 * self.compacted_len.max(64) {
             *self = self.filter(|_| true, |_, _| true);
+            self.compacted_len = self.stacks.len();
         }
     }
 
@@ -486,6 +487,43 @@ mod tests {
         window.forget_before(500_000_000);
         assert_eq!(window.epochs().len(), 1);
         assert_eq!(window.total(), 5);
+    }
+
+    #[test]
+    fn a_window_holds_at_most_twice_what_its_epochs_use() {
+        let mut s = Samples::new(Unit::CpuSamples { period_ns: 1 });
+        let two = two_threads();
+        let thread = s.copy_thread(&two, 0);
+        for i in 0..10_000u64 {
+            // Every epoch a stack never seen before, as code churn makes.
+            let stack = s.stack(&[Frame::code(format!("churn_{i}"), "gen.rb", 1)]);
+            let (start_ns, end_ns) = (i * 10, i * 10 + 10);
+            s.push_epoch(Epoch {
+                start_ns,
+                end_ns,
+                counts: vec![Count {
+                    thread,
+                    stack,
+                    count: 1,
+                }],
+            })
+            .expect("epoch");
+            s.forget_before(end_ns.saturating_sub(100));
+            // 10 epochs use 10 stacks; tables are compacted past twice the
+            // last compaction's size, or 64.
+            assert!(
+                s.stacks().len() <= 2 * 64 + 2,
+                "{} stacks at {i}",
+                s.stacks().len()
+            );
+            assert!(
+                s.frames().len() <= 2 * 64 + 5,
+                "{} frames at {i}",
+                s.frames().len()
+            );
+        }
+        assert_eq!(s.epochs().len(), 10);
+        assert_eq!(s.total(), 10);
     }
 
     #[test]
