@@ -249,10 +249,59 @@ pub fn parse_duration(given: &str) -> Result<std::time::Duration, crate::error::
     let bad = || crate::error::UserError::BadDuration {
         given: given.to_string(),
     };
-    let d = match given.trim().parse::<f64>() {
+    let text = given.trim();
+    // Seconds, with or without their unit (`1.5`, `1.5s`); anything else by humantime.
+    let secs = text.strip_suffix('s').unwrap_or(text).parse::<f64>();
+    let d = match secs {
         Ok(secs) if secs.is_finite() && secs >= 0.0 => std::time::Duration::from_secs_f64(secs),
         Ok(_) => return Err(bad()),
-        Err(_) => humantime::parse_duration(given.trim()).map_err(|_| bad())?,
+        Err(_) => humantime::parse_duration(text).map_err(|_| bad())?,
     };
     Ok(d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn durations_as_users_write_them() {
+        let ok = |s: &str| parse_duration(s).expect(s);
+        assert_eq!(ok("30"), Duration::from_secs(30));
+        assert_eq!(ok("1.5"), Duration::from_millis(1500));
+        assert_eq!(ok("1.5s"), Duration::from_millis(1500));
+        assert_eq!(ok("500ms"), Duration::from_millis(500));
+        assert_eq!(ok("5m"), Duration::from_secs(300));
+        assert_eq!(ok("1h30m"), Duration::from_secs(5400));
+        for bad in ["soon", "-1", "NaN", "inf", ""] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn formats_from_extensions() {
+        let of = |p: &str| Format::of_path(std::path::Path::new(p));
+        assert_eq!(of("a.svg"), Some(Format::Svg));
+        assert_eq!(of("a.speedscope.json"), Some(Format::Speedscope));
+        assert_eq!(of("a.pb.gz"), Some(Format::Pprof));
+        assert_eq!(of("A.PPROF"), Some(Format::Pprof));
+        assert_eq!(of("a.txt"), Some(Format::Summary));
+        assert_eq!(of("a.rprof"), Some(Format::Rprof));
+        assert_eq!(of("a.png"), None);
+        for f in [
+            Format::Svg,
+            Format::Folded,
+            Format::Speedscope,
+            Format::Pprof,
+            Format::Summary,
+            Format::Rprof,
+        ] {
+            assert_eq!(
+                of(&format!("x.{}", f.extension())),
+                Some(f),
+                "{f:?}'s own extension"
+            );
+        }
+    }
 }
