@@ -53,6 +53,7 @@ bench: build
 	bench/cluster
 	bench/forks
 	bench/native
+	bench/long-recording --minutes 10
 
 clean-cache:
 	rm -rf /var/cache/rprof

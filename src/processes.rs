@@ -108,10 +108,9 @@ pub struct Processes {
     pub ruby_versions: std::collections::BTreeSet<String>,
     /// When processes waiting for their Ruby were last looked at.
     inspected: Instant,
-    /// With process frames: each PID met, with the start time of its latest
-    /// process and how many processes had it. (At most one entry per PID the
-    /// system has; the profile holds a frame per process anyway.)
-    pids: Option<HashMap<u32, (u64, u32)>>,
+    /// Each PID met, with the start time of its latest process and how many
+    /// processes had it. (At most one entry per PID the system has.)
+    pids: HashMap<u32, (u64, u32)>,
     /// --native: the unwind tables and address spaces of the processes.
     pub native: Option<Unwinder>,
 }
@@ -120,12 +119,11 @@ pub struct Processes {
 const INSPECT_EVERY: Duration = Duration::from_millis(20);
 
 impl Processes {
-    /// `process_frames`: name each process in a frame (and so tell apart
-    /// processes that had the same PID).
-    pub fn new(force_version: Option<String>, process_frames: bool, native: Option<Unwinder>) -> Self {
+    /// Processes that had the same PID are told apart (`process PID#2`).
+    pub fn new(force_version: Option<String>, native: Option<Unwinder>) -> Self {
         Self {
             native,
-            pids: process_frames.then(HashMap::new),
+            pids: HashMap::new(),
             live: HashMap::new(),
             force_version,
             counts: Counts::default(),
@@ -199,8 +197,7 @@ impl Processes {
 
     /// Which process on its PID `id` is: 1 for the first the recording meets.
     fn nth(&mut self, id: ProcessId) -> u32 {
-        let Some(pids) = &mut self.pids else { return 1 };
-        let seen = pids.entry(id.pid).or_insert((id.start_ticks, 1));
+        let seen = self.pids.entry(id.pid).or_insert((id.start_ticks, 1));
         if seen.0 != id.start_ticks {
             *seen = (id.start_ticks, seen.1 + 1);
         }

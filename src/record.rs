@@ -200,8 +200,7 @@ pub fn record(cfg: RecordConfig) -> Result<Option<ExitStatus>> {
     })?;
     let signals = StopSignals::install()?;
     let unwinder = native_rows.map(Unwinder::new);
-    // Processes are told apart in the recording whatever the output shows.
-    let mut processes = Processes::new(cfg.force_version.clone(), true, unwinder);
+    let mut processes = Processes::new(cfg.force_version.clone(), unwinder);
     if cfg.subprocesses {
         probe.attach_process_tracking()?;
     }
