@@ -6,7 +6,7 @@ APT_PACKAGES = clang llvm libelf-dev zlib1g-dev pkg-config make gcc ruby ruby-de
                debootstrap util-linux clang-format
 # What only the tests use: real servers under load; go tool pprof and a JSON
 # schema validator, to read rprof's pprof and speedscope files as users' tools do.
-TEST_PACKAGES = puma unicorn ruby-rack wrk libc6-dbg golang-go python3-jsonschema curl
+TEST_PACKAGES = puma unicorn ruby-rack wrk libc6-dbg golang-go python3-jsonschema curl man-db
 RPROF = target/release/rprof
 
 .PHONY: deps test-deps apt tracefs build demo test lint bench clean-cache

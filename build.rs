@@ -1,7 +1,9 @@
 //! Compiles bpf/rprof.bpf.c and generates its libbpf-rs skeleton (with the Rust
-//! types of every struct in bpf/rprof.h) into OUT_DIR.
+//! types of every struct in bpf/rprof.h) into OUT_DIR; records the git commit
+//! for `rprof --version`.
 use std::env;
 use std::path::PathBuf;
+use std::process::Command;
 
 use libbpf_cargo::SkeletonBuilder;
 
@@ -24,4 +26,28 @@ fn main() {
         .build_and_generate(&out)
         .expect("compiling bpf/rprof.bpf.c (needs clang and libbpf headers: run `make deps`)");
     println!("cargo:rerun-if-changed=bpf");
+    println!("cargo:rustc-env=RPROF_COMMIT={}", git_commit());
+}
+
+/// The commit built, `-dirty` if the tree has changes; `unknown commit`
+/// outside a git checkout.
+fn git_commit() -> String {
+    let git = |args: &[&str]| {
+        Command::new("git")
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    };
+    let Some(commit) = git(&["rev-parse", "--short=12", "HEAD"]) else {
+        return "unknown commit".to_string();
+    };
+    // Rebuilt when HEAD moves (a commit, a checkout).
+    if let Some(dir) = git(&["rev-parse", "--git-dir"]) {
+        println!("cargo:rerun-if-changed={dir}/HEAD");
+        println!("cargo:rerun-if-changed={dir}/index");
+    }
+    let dirty = git(&["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty());
+    format!("commit {commit}{}", if dirty { "-dirty" } else { "" })
 }

@@ -7,7 +7,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 #[derive(Debug, Parser)]
 #[command(
     name = "rprof",
-    version,
+    version = concat!(env!("CARGO_PKG_VERSION"), " (", env!("RPROF_COMMIT"), ")"),
     about = "A Ruby-aware sampling profiler for Linux: true per-thread stacks, exact lines, from eBPF"
 )]
 pub struct Cli {
@@ -28,6 +28,21 @@ pub enum Command {
     Record(RecordArgs),
     /// Render a recording (.rprof) again, in another format.
     Report(ReportArgs),
+    /// Write rprof's man pages into a directory, or a shell's completions to
+    /// standard output (for packages).
+    #[command(hide = true)]
+    Generate {
+        #[command(subcommand)]
+        what: Generate,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Generate {
+    /// rprof.1, rprof-record.1, rprof-report.1 into DIR.
+    Man { dir: PathBuf },
+    /// Completions for SHELL.
+    Completions { shell: clap_complete::Shell },
 }
 
 #[derive(Debug, Args)]

@@ -127,6 +127,28 @@ fn run(cli: Cli) -> Result<ExitCode> {
             Ok(status.map_or(ExitCode::SUCCESS, |s| ExitCode::from(launch::exit_code(s))))
         }
         Command::Report(args) => report(args),
+        Command::Generate { what } => {
+            generate(what)?;
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+/// Man pages and completions, from the command line's own definition.
+fn generate(what: cli::Generate) -> Result<()> {
+    use anyhow::Context;
+    use clap::CommandFactory;
+    let mut cmd = Cli::command();
+    match what {
+        cli::Generate::Man { dir } => {
+            std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+            clap_mangen::generate_to(cmd, &dir)
+                .with_context(|| format!("writing man pages into {}", dir.display()))
+        }
+        cli::Generate::Completions { shell } => {
+            clap_complete::generate(shell, &mut cmd, "rprof", &mut std::io::stdout());
+            Ok(())
+        }
     }
 }
 
