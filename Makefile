@@ -1,6 +1,7 @@
-# rprof's two set-up commands on a fresh Debian 12 machine, as root:
-#   make demo   install what rprof needs, build it, profile demo/app.rb
-#   make test   install what the tests need (Rubies included) and run them all
+# rprof's set-up commands on a fresh Debian 12 machine, as root:
+#   make demo     install what rprof needs, build it, profile demo/app.rb
+#   make test     install what the tests need (Rubies included) and run them all
+#   make release  dist/rprof (one stripped binary, glibc only) and dist/rprof_VERSION_amd64.deb
 CARGO ?= cargo
 APT_PACKAGES = clang llvm libelf-dev zlib1g-dev pkg-config make gcc ruby ruby-dev \
                debootstrap util-linux clang-format
@@ -9,7 +10,7 @@ APT_PACKAGES = clang llvm libelf-dev zlib1g-dev pkg-config make gcc ruby ruby-de
 TEST_PACKAGES = puma unicorn ruby-rack wrk libc6-dbg golang-go python3-jsonschema curl man-db
 RPROF = target/release/rprof
 
-.PHONY: deps test-deps apt tracefs build demo test lint bench clean-cache
+.PHONY: deps test-deps apt tracefs build demo test lint bench clean-cache release
 
 deps:
 	@$(MAKE) --no-print-directory apt PACKAGES="$(APT_PACKAGES)"
@@ -31,6 +32,14 @@ tracefs:
 
 build: deps
 	$(CARGO) build --release --locked
+
+# The build links libelf and zlib statically (.cargo/config.toml): the binary
+# needs only glibc (2.34+) on a server.
+VERSION = $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
+release: build
+	rm -rf dist && mkdir -p dist
+	strip -o dist/rprof $(RPROF)
+	scripts/make-deb.sh dist $(VERSION)
 
 demo: build
 	$(RPROF) record -F 499 -o rprof-demo.svg -- ruby demo/app.rb 5

@@ -9,7 +9,9 @@
 #   3.3-fp    ruby 3.3 built from the same source with frame pointers, as
 #             Ubuntu 24.04+ and Fedora 38+ build theirs
 # Each chroot also gets ruby-dev and gcc, to build the tests' C extension.
-# Usage: scripts/setup-rubies.sh [host|2.7|3.3|3.4|static|3.3-yjit|3.3-fp|all]...
+#   server  a Debian 12 chroot as a production server has it: Ruby and man,
+#           no build tools, no libelf (where the release binary and .deb are tried)
+# Usage: scripts/setup-rubies.sh [host|2.7|3.3|3.4|static|3.3-yjit|3.3-fp|server|all]...
 set -eu
 CACHE=${RPROF_CACHE:-/var/cache/rprof}
 MIRROR=${RPROF_DEBIAN_MIRROR:-http://deb.debian.org/debian}
@@ -18,13 +20,13 @@ mkdir -p "$CACHE"
 
 log() { echo "setup-rubies: $*" >&2; }
 
-chroot_ruby() { # name suite
+chroot_ruby() { # name suite [packages, default ruby]
     dir="$CACHE/chroot-$1"
     if [ -f "$dir/.rprof-ready" ]; then return 0; fi
     command -v debootstrap >/dev/null || apt-get install -y -qq debootstrap >/dev/null
-    log "debootstrap $2 into $dir (a few minutes, once)"
+    log "debootstrap $2 with ${3:-ruby} into $dir (a few minutes, once)"
     rm -rf "$dir"
-    debootstrap --variant=minbase --include=ruby "$2" "$dir" "$MIRROR" >"$CACHE/debootstrap-$1.log" 2>&1 \
+    debootstrap --variant=minbase --include="${3:-ruby}" "$2" "$dir" "$MIRROR" >"$CACHE/debootstrap-$1.log" 2>&1 \
         || { tail -20 "$CACHE/debootstrap-$1.log" >&2; exit 1; }
     touch "$dir/.rprof-ready"
 }
@@ -114,6 +116,19 @@ host_ruby() {
     apt-get install -y -qq ruby >/dev/null
 }
 
+server_chroot() {
+    dir="$CACHE/chroot-server"
+    if [ -f "$dir/.rprof-server-checked" ]; then return 0; fi
+    chroot_ruby server bookworm ruby,man-db
+    for absent in gcc cc libelf.so.1; do
+        if chroot "$dir" sh -c "command -v $absent || ls /usr/lib/*/$absent" >/dev/null 2>&1; then
+            echo "setup-rubies: the server chroot has $absent, which a production server need not" >&2
+            exit 1
+        fi
+    done
+    touch "$dir/.rprof-server-checked"
+}
+
 [ $# -eq 0 ] && set -- all
 for what in "$@"; do
     case "$what" in
@@ -124,12 +139,14 @@ for what in "$@"; do
         static) static_ruby ;;
         3.3-yjit) yjit_ruby ;;
         3.3-fp) fp_ruby ;;
+        server) server_chroot ;;
         all)
             host_ruby
             chroot_ruby 2.7 bullseye; chroot_dev 2.7 ruby-dev
             chroot_ruby 3.3 trixie; chroot_dev 3.3 ruby-dev
             chroot_ruby34; chroot_dev 3.4 -t experimental ruby3.4-dev
-            static_ruby; yjit_ruby; fp_ruby ;;
-        *) echo "setup-rubies: unknown '$what' (host, 2.7, 3.3, 3.4, static, 3.3-yjit, 3.3-fp, all)" >&2; exit 2 ;;
+            static_ruby; yjit_ruby; fp_ruby
+            server_chroot ;;
+        *) echo "setup-rubies: unknown '$what' (host, 2.7, 3.3, 3.4, static, 3.3-yjit, 3.3-fp, server, all)" >&2; exit 2 ;;
     esac
 done

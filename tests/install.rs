@@ -1,12 +1,79 @@
-//! What installing rprof on a server relies on: a version that names its
-//! commit, and man pages and shell completions made from the command line's
-//! own definition (for packages).
+//! Installing rprof on a production server: `make release` gives one
+//! stripped binary that needs only glibc and a .deb with man pages and
+//! completions; both work in a minimal Debian chroot with Ruby and no build
+//! tools or libelf; the binary records without root with exactly the
+//! capabilities README lists, and names the one missing.
 
 mod common;
 
-use std::process::Command;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
 
-use common::rprof;
+use common::{label, line, rprof, Folded, Ruby};
+
+const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+
+/// `make release`, once per test run: dist/rprof and the .deb.
+fn release() -> (PathBuf, PathBuf) {
+    static DONE: OnceLock<(PathBuf, PathBuf)> = OnceLock::new();
+    DONE.get_or_init(|| {
+        let out = Command::new("make")
+            .arg("release")
+            .current_dir(ROOT)
+            .output()
+            .expect("make");
+        assert!(
+            out.status.success(),
+            "make release: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let deb = Path::new(ROOT).join(format!("dist/rprof_{}_amd64.deb", env!("CARGO_PKG_VERSION")));
+        assert!(deb.exists(), "{}", deb.display());
+        (Path::new(ROOT).join("dist/rprof"), deb)
+    })
+    .clone()
+}
+
+fn run(cmd: &mut Command) -> Output {
+    let out = cmd.output().expect("run");
+    assert!(
+        !String::from_utf8_lossy(&out.stderr).contains("panicked"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+#[test]
+fn the_release_binary_is_stripped_and_needs_only_glibc() {
+    let (bin, _) = release();
+    let dynamic = run(Command::new("readelf").args(["-d", "-W"]).arg(&bin));
+    let needed: Vec<String> = String::from_utf8_lossy(&dynamic.stdout)
+        .lines()
+        .filter(|l| l.contains("(NEEDED)"))
+        .filter_map(|l| {
+            l.rsplit_once('[')
+                .map(|(_, n)| n.trim_end_matches(']').to_string())
+        })
+        .collect();
+    for lib in &needed {
+        assert!(
+            ["libc.so.6", "libm.so.6", "libgcc_s.so.1", "ld-linux-x86-64.so.2"].contains(&lib.as_str()),
+            "{lib} is not part of every glibc system: {needed:?}"
+        );
+    }
+    let sections = run(Command::new("readelf").args(["-S", "-W"]).arg(&bin));
+    let sections = String::from_utf8_lossy(&sections.stdout);
+    assert!(
+        !sections.contains(".debug_info") && !sections.contains(".symtab"),
+        "stripped"
+    );
+    let version = run(Command::new(&bin).arg("--version"));
+    assert!(String::from_utf8_lossy(&version.stdout).contains("(commit "));
+}
 
 #[test]
 fn version_names_the_commit_it_was_built_from() {
@@ -70,4 +137,169 @@ fn without_overstrike(text: &str) -> String {
         }
     }
     out.into_iter().collect()
+}
+
+/// The server chroot of scripts/setup-rubies.sh: Debian 12 minbase with Ruby
+/// and man-db, no build tools, no libelf.
+fn server_chroot() -> PathBuf {
+    let root = Path::new("/var/cache/rprof/chroot-server");
+    assert!(
+        root.join(".rprof-ready").exists(),
+        "{} missing: run scripts/setup-rubies.sh server (make test does)",
+        root.display()
+    );
+    root.to_path_buf()
+}
+
+/// `sh -c SCRIPT` in the server chroot, with its own /proc and the host's
+/// /sys mounted in a mount namespace of its own.
+fn in_chroot(root: &Path, script: &str) -> Output {
+    let wrapped = format!(
+        "mount -t proc proc {r}/proc && mount --rbind /sys {r}/sys && \
+         chroot {r} /usr/bin/env -i PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root MANPAGER=cat MANWIDTH=100 sh -c '{script}'",
+        r = root.display()
+    );
+    run(Command::new("unshare").args([
+        "--mount",
+        "--propagation",
+        "private",
+        "--fork",
+        "sh",
+        "-c",
+        &wrapped,
+    ]))
+}
+
+#[test]
+fn the_release_binary_records_in_a_minimal_chroot_without_build_tools_or_libelf() {
+    let (bin, _) = release();
+    let root = server_chroot();
+    std::fs::copy(&bin, root.join("usr/local/bin/rprof")).expect("copy the binary in");
+    std::fs::copy(
+        Path::new(ROOT).join("tests/ruby/server_work.rb"),
+        root.join("tmp/work.rb"),
+    )
+    .expect("copy a script in");
+    let _ = std::fs::remove_file(root.join("tmp/out.folded"));
+    let out = in_chroot(
+        &root,
+        "rprof record -F 499 --format folded -o /tmp/out.folded -- ruby /tmp/work.rb 2>&1",
+    );
+    let _ = std::fs::remove_file(root.join("usr/local/bin/rprof"));
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let folded = Folded::parse(&std::fs::read_to_string(root.join("tmp/out.folded")).expect("folded"));
+    assert!(folded.total() > 50, "{said} {folded:?}");
+    // server_work.rb's frames, at their lines: most samples in crunch, at
+    // its loop.
+    let in_crunch = folded.count(|f| label(f) == "Object#crunch" && line(f) == Some(6));
+    assert!(in_crunch as f64 > folded.total() as f64 * 0.8, "{folded:?}");
+    assert!(
+        folded.count(|f| label(f) == "Object#serve" && line(f) == Some(12)) > 0,
+        "{folded:?}"
+    );
+}
+
+#[test]
+fn the_deb_installs_a_working_rprof_with_its_man_page_and_removes_cleanly() {
+    let (_, deb) = release();
+    let root = server_chroot();
+    std::fs::copy(&deb, root.join("tmp/rprof.deb")).expect("copy the package in");
+    let out = in_chroot(
+        &root,
+        "dpkg -r rprof >/dev/null 2>&1; dpkg -i /tmp/rprof.deb >/dev/null && rprof --version && \
+         man rprof-record | head -5 && ls /usr/share/bash-completion/completions/rprof \
+         /usr/share/zsh/vendor-completions/_rprof /usr/share/fish/vendor_completions.d/rprof.fish && \
+         dpkg -r rprof >/dev/null && echo removed; dpkg -s rprof 2>&1 | head -1; \
+         ls /usr/bin/rprof /usr/share/man/man1/rprof.1.gz 2>&1",
+    );
+    let said = String::from_utf8_lossy(&out.stdout);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains(&format!("rprof {} (commit ", env!("CARGO_PKG_VERSION"))),
+        "{said}{err}"
+    );
+    assert!(
+        said.contains("rprof-record - Record a profile"),
+        "man renders: {said}{err}"
+    );
+    assert!(
+        said.contains("/usr/share/fish/vendor_completions.d/rprof.fish"),
+        "{said}{err}"
+    );
+    assert!(said.contains("removed"), "{said}{err}");
+    assert!(said.contains("package 'rprof' is not installed"), "{said}{err}");
+    assert!(
+        said.contains("cannot access '/usr/bin/rprof'")
+            && said.contains("cannot access '/usr/share/man/man1/rprof.1.gz'"),
+        "nothing left behind: {said}"
+    );
+}
+
+/// The release binary with these file capabilities, run as `nobody` against
+/// a Ruby running as root: its exit, and its stderr.
+fn record_with_caps(caps: &str, pid: u32, out_dir: &Path) -> (bool, String) {
+    let (bin, _) = release();
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let copy = dir.path().join("rprof");
+    std::fs::copy(&bin, &copy).expect("copy");
+    let set = run(Command::new("setcap").arg(format!("{caps}+ep")).arg(&copy));
+    assert!(
+        set.status.success(),
+        "setcap: {}",
+        String::from_utf8_lossy(&set.stderr)
+    );
+    let out = run(Command::new("setpriv")
+        .args(["--reuid=nobody", "--regid=nogroup", "--clear-groups"])
+        .arg(&copy)
+        .args([
+            "record",
+            "-p",
+            &pid.to_string(),
+            "-d",
+            "1",
+            "--format",
+            "folded",
+            "-o",
+        ])
+        .arg(out_dir.join("out.folded")));
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn without_root_the_capabilities_readme_lists_are_enough_and_a_missing_one_is_named() {
+    let target = Ruby::named("3.3").spawn("threads.rb", &[]);
+    let out_dir = tempfile::tempdir().expect("tempdir");
+    std::fs::set_permissions(out_dir.path(), std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    // README's line: setcap cap_bpf,cap_perfmon,cap_sys_ptrace+ep /usr/bin/rprof
+    let (success, stderr) =
+        record_with_caps("cap_bpf,cap_perfmon,cap_sys_ptrace", target.pid, out_dir.path());
+    assert!(success, "{stderr}");
+    let folded = Folded::parse(&std::fs::read_to_string(out_dir.path().join("out.folded")).expect("folded"));
+    assert!(
+        folded.count(|f| label(f) == "Object#alpha_work") > 20,
+        "{folded:?}"
+    );
+    for (caps, missing) in [
+        ("cap_perfmon,cap_sys_ptrace", "CAP_BPF"),
+        ("cap_bpf,cap_sys_ptrace", "CAP_PERFMON"),
+        ("cap_bpf,cap_perfmon", "CAP_SYS_PTRACE"),
+    ] {
+        let (success, stderr) = record_with_caps(caps, target.pid, out_dir.path());
+        assert!(!success, "{caps}: {stderr}");
+        assert_eq!(
+            stderr.lines().filter(|l| l.starts_with("rprof: error: ")).count(),
+            1,
+            "{stderr}"
+        );
+        assert!(stderr.contains(missing), "without {missing}: {stderr}");
+    }
 }
