@@ -212,20 +212,28 @@ fn the_deb_installs_a_working_rprof_with_its_man_page_and_removes_cleanly() {
     let out = in_chroot(
         &root,
         "dpkg -r rprof >/dev/null 2>&1; dpkg -i /tmp/rprof.deb >/dev/null && rprof --version && \
-         man rprof-record | head -5 && ls /usr/share/bash-completion/completions/rprof \
+         man rprof | head -5 && man rprof-record | head -5 && ls /usr/share/bash-completion/completions/rprof \
          /usr/share/zsh/vendor-completions/_rprof /usr/share/fish/vendor_completions.d/rprof.fish && \
          dpkg -r rprof >/dev/null && echo removed; dpkg -s rprof 2>&1 | head -1; \
          ls /usr/bin/rprof /usr/share/man/man1/rprof.1.gz 2>&1",
     );
-    let said = String::from_utf8_lossy(&out.stdout);
+    // Words as man justifies them, one space apart.
+    let said = String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         said.contains(&format!("rprof {} (commit ", env!("CARGO_PKG_VERSION"))),
         "{said}{err}"
     );
     assert!(
+        said.contains("rprof - A Ruby-aware sampling profiler"),
+        "man rprof renders: {said}{err}"
+    );
+    assert!(
         said.contains("rprof-record - Record a profile"),
-        "man renders: {said}{err}"
+        "man rprof-record renders: {said}{err}"
     );
     assert!(
         said.contains("/usr/share/fish/vendor_completions.d/rprof.fish"),
