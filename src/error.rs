@@ -25,6 +25,9 @@ pub enum UserError {
     #[error("tracefs is not mounted, so syscall tracepoints cannot be found: run `mount -t tracefs nodev /sys/kernel/tracing`")]
     TracefsMissing,
 
+    #[error("{path} (tracefs) is not readable by this user: syscall tracing needs root, or CAP_DAC_READ_SEARCH besides rprof's other capabilities")]
+    TracefsClosed { path: String },
+
     #[error("unknown system call tracepoint {name:?}{hint}; `rprof record syscall --list` lists them all")]
     UnknownSyscall { name: String, hint: String },
 

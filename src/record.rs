@@ -91,7 +91,7 @@ struct Sinks {
     /// The recording's file(s): --raw, `--format rprof`, or a temporary file
     /// the output is rendered from at the end.
     streams: Vec<file::Writer>,
-    /// --raw, said among what was written.
+    /// --raw, said among what was written; `streams[0]` when given.
     raw: Option<PathBuf>,
     rotation: Option<Rotation>,
     flight: Option<FlightRecorder>,
@@ -101,15 +101,11 @@ struct Sinks {
 
 impl Sinks {
     fn epoch(&mut self, counts: &EpochCounts, totals: &Summary, progress: &Progress) -> Result<()> {
-        for s in self.streams.iter_mut().filter(|s| !s.broken()) {
+        for (i, s) in self.streams.iter_mut().enumerate().filter(|(_, s)| !s.broken()) {
             if let Err(e) = s.epoch(counts) {
                 let e = anyhow::Error::from(e).context(format!("writing {}", s.name));
-                // --raw is a copy: the recording goes on without it.
-                if self
-                    .raw
-                    .as_ref()
-                    .is_some_and(|raw| s.name == raw.display().to_string())
-                {
+                // --raw (the first stream) is a copy: the recording goes on without it.
+                if i == 0 && self.raw.is_some() {
                     progress.say(&format!(
                         "rprof: warning: {e:#}; it ends at its last complete epoch, the recording goes on"
                     ));
@@ -521,8 +517,14 @@ fn open_sinks(
                     .with_context(|| format!("writing {}", path.display()))?,
             );
         }
-        _ => {
-            // Memory stays flat however long the recording: it waits on disk.
+        (_, output) => {
+            // A file that cannot be written is said now, not after recording.
+            if let Output::File(path) = output {
+                let probe = recording::temporary_name(path);
+                File::create(&probe).with_context(|| format!("creating {}", path.display()))?;
+                let _ = std::fs::remove_file(&probe);
+            }
+            // Counts wait on disk, not in memory, however long the recording.
             let tmp = tempfile::tempfile().context("creating a temporary file for the recording")?;
             sinks.streams.push(
                 file::Writer::new(tmp, "the temporary recording".to_string(), header)

@@ -49,13 +49,22 @@ pub fn check_btf() -> Result<(), UserError> {
     }
 }
 
-/// The mounted tracefs (holding `events/`), if any.
+/// The mounted tracefs (holding `events/`), if any. Without root it is
+/// often there but closed (mode 0700): that is said apart.
 pub fn tracefs() -> Result<PathBuf, UserError> {
-    ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"]
+    let candidates = ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"].map(PathBuf::from);
+    if let Some(found) = candidates.iter().find(|p| p.join("events").is_dir()) {
+        return Ok(found.clone());
+    }
+    let closed = candidates
         .iter()
-        .map(PathBuf::from)
-        .find(|p| p.join("events").is_dir())
-        .ok_or(UserError::TracefsMissing)
+        .find(|p| fs::read_dir(p).is_err_and(|e| e.kind() == std::io::ErrorKind::PermissionDenied));
+    match closed {
+        Some(p) => Err(UserError::TracefsClosed {
+            path: p.display().to_string(),
+        }),
+        None => Err(UserError::TracefsMissing),
+    }
 }
 
 /// Every syscall tracepoint, without its `sys_` prefix: `enter_getpid`, ...

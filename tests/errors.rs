@@ -218,3 +218,21 @@ fn force_version_reads_a_ruby_with_another_versions_layout() {
     ]));
     assert!(line.contains("--force-version \"three\""), "{line}");
 }
+
+#[test]
+fn an_output_that_cannot_be_written_is_said_before_recording() {
+    let target = Ruby::host().spawn("idle.rb", &[]);
+    let out = rprof(&[
+        "record",
+        "-p",
+        &target.pid.to_string(),
+        "-d",
+        "5",
+        "-o",
+        "/nonexistent/dir/out.svg",
+    ]);
+    let line = error_line(&out);
+    assert!(line.contains("creating /nonexistent/dir/out.svg"), "{line}");
+    let out = rprof(&["report", "-i", "/nonexistent/rec.rprof"]);
+    assert!(error_line(&out).contains("reading /nonexistent/rec.rprof"));
+}

@@ -249,8 +249,8 @@ fn the_deb_installs_a_working_rprof_with_its_man_page_and_removes_cleanly() {
 }
 
 /// The release binary with these file capabilities, run as `nobody` against
-/// a Ruby running as root: its exit, and its stderr.
-fn record_with_caps(caps: &str, pid: u32, out_dir: &Path) -> (bool, String) {
+/// a Ruby running as root (`event`: extra arguments): its exit, and its stderr.
+fn record_with_caps(caps: &str, pid: u32, out_dir: &Path, event: &[&str]) -> (bool, String) {
     let (bin, _) = release();
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
@@ -275,7 +275,8 @@ fn record_with_caps(caps: &str, pid: u32, out_dir: &Path) -> (bool, String) {
             "folded",
             "-o",
         ])
-        .arg(out_dir.join("out.folded")));
+        .arg(out_dir.join("out.folded"))
+        .args(event));
     (
         out.status.success(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
@@ -288,8 +289,12 @@ fn without_root_the_capabilities_readme_lists_are_enough_and_a_missing_one_is_na
     let out_dir = tempfile::tempdir().expect("tempdir");
     std::fs::set_permissions(out_dir.path(), std::fs::Permissions::from_mode(0o777)).expect("chmod");
     // README's line: setcap cap_bpf,cap_perfmon,cap_sys_ptrace+ep /usr/bin/rprof
-    let (success, stderr) =
-        record_with_caps("cap_bpf,cap_perfmon,cap_sys_ptrace", target.pid, out_dir.path());
+    let (success, stderr) = record_with_caps(
+        "cap_bpf,cap_perfmon,cap_sys_ptrace",
+        target.pid,
+        out_dir.path(),
+        &[],
+    );
     assert!(success, "{stderr}");
     let folded = Folded::parse(&std::fs::read_to_string(out_dir.path().join("out.folded")).expect("folded"));
     assert!(
@@ -301,7 +306,7 @@ fn without_root_the_capabilities_readme_lists_are_enough_and_a_missing_one_is_na
         ("cap_bpf,cap_sys_ptrace", "CAP_PERFMON"),
         ("cap_bpf,cap_perfmon", "CAP_SYS_PTRACE"),
     ] {
-        let (success, stderr) = record_with_caps(caps, target.pid, out_dir.path());
+        let (success, stderr) = record_with_caps(caps, target.pid, out_dir.path(), &[]);
         assert!(!success, "{caps}: {stderr}");
         assert_eq!(
             stderr.lines().filter(|l| l.starts_with("rprof: error: ")).count(),
@@ -310,4 +315,15 @@ fn without_root_the_capabilities_readme_lists_are_enough_and_a_missing_one_is_na
         );
         assert!(stderr.contains(missing), "without {missing}: {stderr}");
     }
+    // Syscall tracing reads tracefs, root's only: README's extra capability.
+    let syscalls = Ruby::host().spawn("syscalls.rb", &["getpid"]);
+    let getpid = ["syscall", "enter_getpid"];
+    let three = "cap_bpf,cap_perfmon,cap_sys_ptrace";
+    let (success, stderr) = record_with_caps(three, syscalls.pid, out_dir.path(), &getpid);
+    assert!(!success && stderr.contains("CAP_DAC_READ_SEARCH"), "{stderr}");
+    let four = "cap_bpf,cap_perfmon,cap_sys_ptrace,cap_dac_read_search";
+    let (success, stderr) = record_with_caps(four, syscalls.pid, out_dir.path(), &getpid);
+    assert!(success, "{stderr}");
+    let folded = Folded::parse(&std::fs::read_to_string(out_dir.path().join("out.folded")).expect("folded"));
+    assert!(folded.count(|f| f == "enter_getpid") > 100, "{folded:?}");
 }
