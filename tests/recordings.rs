@@ -760,15 +760,15 @@ fn heap_under_churn(target: &Target, dir: &Path, seconds: u64, args: &[&str]) ->
 /// churn (a new method in a new file every few milliseconds, GC.compact),
 /// --rotate and --flight-recorder keep rprof's memory flat. A plain
 /// recording, which keeps every distinct frame for its output, grows in the
-/// same run (about 85 kB/s here): the measure sees growth of that size.
+/// same run (16 to 150 kB/s seen): the measure sees growth of that size.
 #[test]
 fn rotation_and_flight_recorder_memory_stays_flat_under_code_churn() {
     let target = Ruby::named("3.3").spawn("churn.rb", &["2000", "5", "20"]);
     let dir = tempfile::tempdir().expect("tempdir");
-    let (early, late) = heap_under_churn(&target, dir.path(), 15, &[]);
-    eprintln!("plain: heap at most {early} kB from 5 to 10 s, {late} kB after");
+    let (early, late) = heap_under_churn(&target, dir.path(), 36, &[]);
+    eprintln!("plain: heap at most {early} kB from 12 to 24 s, {late} kB after");
     assert!(
-        late > early + 200,
+        late > early + 128,
         "the witness grows: {early} kB, then {late} kB"
     );
     for args in [
