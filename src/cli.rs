@@ -238,6 +238,23 @@ impl Format {
         }
     }
 
+    /// The format given, or else the one `output`'s extension asks for, or
+    /// else svg (no output file named).
+    pub fn for_output(
+        given: Option<Format>,
+        output: Option<&std::path::Path>,
+    ) -> Result<Format, crate::error::UserError> {
+        match (given, output) {
+            (Some(f), _) => Ok(f),
+            (None, Some(path)) => {
+                Format::of_path(path).ok_or_else(|| crate::error::UserError::UnknownExtension {
+                    path: path.display().to_string(),
+                })
+            }
+            (None, None) => Ok(Format::Svg),
+        }
+    }
+
     /// The format a file name asks for, by its extension.
     pub fn of_path(path: &std::path::Path) -> Option<Format> {
         let name = path.file_name()?.to_string_lossy().to_ascii_lowercase();

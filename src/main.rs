@@ -205,13 +205,7 @@ fn report(args: ReportArgs) -> Result<ExitCode> {
             );
         }
     }
-    let format = match (args.format, &args.output) {
-        (Some(f), _) => f,
-        (None, Some(path)) => Format::of_path(path).ok_or_else(|| error::UserError::UnknownExtension {
-            path: path.display().to_string(),
-        })?,
-        (None, None) => Format::Svg,
-    };
+    let format = Format::for_output(args.format, args.output.as_deref())?;
     let output = match (args.output, format) {
         (Some(p), _) => Output::from_path(&p),
         (None, Format::Summary) => Output::Stdout,

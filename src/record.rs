@@ -425,18 +425,9 @@ pub fn record(cfg: RecordConfig) -> Result<Option<ExitStatus>> {
 
 /// The format asked for, or the output's extension's, or svg.
 fn output_format(cfg: &RecordConfig) -> Result<Format> {
-    if let Some(f) = cfg.format {
-        return Ok(f);
-    }
-    match (&cfg.output, cfg.continuous) {
-        (Some(path), None) => Format::of_path(path).ok_or_else(|| {
-            UserError::UnknownExtension {
-                path: path.display().to_string(),
-            }
-            .into()
-        }),
-        _ => Ok(Format::Svg),
-    }
+    // With --rotate or --flight-recorder, -o names a directory.
+    let file = cfg.output.as_deref().filter(|_| cfg.continuous.is_none());
+    Ok(Format::for_output(cfg.format, file)?)
 }
 
 /// The output file; or with --rotate and --flight-recorder, the directory.
