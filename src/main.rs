@@ -22,9 +22,10 @@ use std::time::Duration;
 use anyhow::Result;
 use clap::Parser;
 
-use cli::{Cli, Command, Event, Format, ReportArgs};
+use cli::{Cli, Command, Event, ReportArgs};
 use record::{Continuous, EventSpec, RecordConfig, Target};
-use recording::{Output, RenderOptions};
+use recording::report::ReportConfig;
+use recording::RenderOptions;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -126,7 +127,10 @@ fn run(cli: Cli) -> Result<ExitCode> {
             })?;
             Ok(status.map_or(ExitCode::SUCCESS, |s| ExitCode::from(launch::exit_code(s))))
         }
-        Command::Report(args) => report(args),
+        Command::Report(args) => {
+            report(args)?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Generate { what } => {
             generate(what)?;
             Ok(ExitCode::SUCCESS)
@@ -159,69 +163,21 @@ fn positive(d: Duration, what: &str) -> Result<Duration> {
     Ok(d)
 }
 
-/// Renders a recording again, cut to a time window, processes or threads.
-fn report(args: ReportArgs) -> Result<ExitCode> {
-    let read = recording::file::read(&args.input)?;
-    let mut r = read.recording;
-    if let Some((offset, why)) = read.cut_short {
-        eprintln!(
-            "rprof: warning: {} was cut short at byte {offset} ({why}); its first {:.1}s are reported",
-            args.input.display(),
-            r.held_ns() as f64 / 1e9
-        );
-    }
-    let ns = |t: &Option<String>| -> Result<Option<u64>> {
-        Ok(match t {
-            Some(t) => Some(cli::parse_duration(t)?.as_nanos() as u64),
-            None => None,
-        })
-    };
-    let (from, to) = (ns(&args.from)?, ns(&args.to)?);
-    if let (Some(f), Some(t)) = (from, to) {
-        if f >= t {
-            anyhow::bail!("--from must come before --to");
-        }
-    }
-    if from.is_some() || to.is_some() || !args.pid.is_empty() || !args.thread.is_empty() {
-        let before = r.samples.total();
-        r.samples = r.samples.filter(
-            // An epoch is in the window if its middle is.
-            |e| {
-                let middle = e.start_ns / 2 + e.end_ns / 2;
-                from.is_none_or(|f| middle >= f) && to.is_none_or(|t| middle < t)
-            },
-            |t, p| {
-                (args.pid.is_empty() || args.pid.contains(&p.pid))
-                    && (args.thread.is_empty()
-                        || args
-                            .thread
-                            .iter()
-                            .any(|want| *want == t.tid.to_string() || *want == t.name || t.label == *want))
-            },
-        );
-        if r.samples.total() == 0 && before > 0 {
-            eprintln!(
-                "rprof: warning: nothing recorded matches --from/--to/--pid/--thread ({before} in all)"
-            );
-        }
-    }
-    let format = Format::for_output(args.format, args.output.as_deref())?;
-    let output = match (args.output, format) {
-        (Some(p), _) => Output::from_path(&p),
-        (None, Format::Summary) => Output::Stdout,
-        (None, _) => Output::File(args.input.with_extension(format.extension())),
-    };
-    if output == Output::File(args.input.clone()) {
-        anyhow::bail!("refusing to overwrite {} with itself", args.input.display());
-    }
-    let options = RenderOptions {
-        processes: args.processes,
-        threads: args.threads,
-        by_line: args.by_line,
-    };
-    recording::write_output(&r, &output, format, &options)?;
-    if output != Output::Stdout {
-        eprintln!("rprof: wrote {output}: {}", r.describe());
-    }
-    Ok(ExitCode::SUCCESS)
+/// `rprof report`'s arguments, checked.
+fn report(args: ReportArgs) -> Result<()> {
+    let duration = |t: &Option<String>| t.as_deref().map(cli::parse_duration).transpose();
+    recording::report::report(ReportConfig {
+        from: duration(&args.from)?,
+        to: duration(&args.to)?,
+        input: args.input,
+        output: args.output,
+        format: args.format,
+        pids: args.pid,
+        threads: args.thread,
+        render: RenderOptions {
+            processes: args.processes,
+            threads: args.threads,
+            by_line: args.by_line,
+        },
+    })
 }

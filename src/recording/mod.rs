@@ -1,9 +1,10 @@
 //! Recordings: what a recording holds ([`Recording`]), the streamed file it
-//! is written to as it goes ([`file`]), and its rendering into every output
-//! format, through the `flamegraphs` crate.
+//! is written to as it goes ([`file`]), its rendering into every output
+//! format through the `flamegraphs` crate, and `rprof report` ([`report`]).
 
 pub mod continuous;
 pub mod file;
+pub mod report;
 
 use std::collections::HashMap;
 use std::fs::File;
