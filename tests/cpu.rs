@@ -6,13 +6,33 @@ mod common;
 
 use std::time::Duration;
 
-use common::{label, record, rprof, Folded, Ruby};
+use common::{label, record, rprof, Folded, Ruby, Target};
 
+/// ratio.rb's CPU time in `thrice` and in `once` so far, by its own clock.
+fn spent(target: &mut Target) -> (f64, f64) {
+    common::signal(target.pid, libc::SIGUSR1);
+    let line = target.wait_line("spent ", Duration::from_secs(10));
+    let ns = |key: &str| -> f64 {
+        line.split_whitespace()
+            .find_map(|kv| kv.strip_prefix(key))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{key} in {line:?}"))
+    };
+    (ns("thrice="), ns("once="))
+}
+
+/// Two methods with the same body, one called three times as often: each
+/// gets the share of samples that the target's own clock gives its CPU time
+/// over the recording (about 75%).
 #[test]
-fn a_method_called_three_times_as_often_gets_75_percent() {
-    let target = Ruby::host().spawn("ratio.rb", &[]);
+fn a_method_called_three_times_as_often_gets_its_share_of_cpu_time() {
+    let mut target = Ruby::host().spawn("ratio.rb", &[]);
+    let (thrice_before, once_before) = spent(&mut target);
     let run = record(target.pid, &["-d", "3", "-F", "999"]);
     assert!(run.success, "{}", run.stderr);
+    let (thrice_after, once_after) = spent(&mut target);
+    let (thrice_ns, once_ns) = (thrice_after - thrice_before, once_after - once_before);
+    let truth = thrice_ns / (thrice_ns + once_ns);
     let thrice = run.folded.count(|f| label(f) == "Object#thrice");
     let once = run.folded.count(|f| label(f) == "Object#once");
     assert!(
@@ -21,11 +41,15 @@ fn a_method_called_three_times_as_often_gets_75_percent() {
         run.stderr
     );
     let share = thrice as f64 / (thrice + once) as f64;
+    // 3,000 samples: a standard deviation of 0.8 points.
     assert!(
-        (0.70..=0.80).contains(&share),
-        "thrice got {:.1}% of {} samples",
+        (share - truth).abs() <= 0.03,
+        "thrice got {:.1}% of {} samples, and {:.1}% of the CPU time by the target's clock: {:#?}\n{}",
         share * 100.0,
-        thrice + once
+        thrice + once,
+        truth * 100.0,
+        run.folded.stacks,
+        run.stderr
     );
     // Every sample is accounted for in the profile.
     assert_eq!(run.folded.total(), run.summary("samples") - run.summary("lost"));
