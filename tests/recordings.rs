@@ -775,7 +775,7 @@ fn heap_under_churn(target: &Target, dir: &Path, seconds: u64) -> Vec<(u64, u64)
 /// churn (a new method in a new file every few milliseconds, GC.compact),
 /// --rotate and --flight-recorder keep rprof's memory flat. A plain
 /// recording, which keeps every distinct frame for its output, grows in the
-/// same run (1 to 5 MB in 16 s seen): the measure sees growth of that size.
+/// same run (0.7 to 27 MB in 16 s seen): the measure sees growth of that size.
 ///
 /// The target starts with the recordings: churn.rb churns fastest when it
 /// is new (5,000 methods a second, falling to 1,500 in 40 s as Ruby's heap

@@ -15,8 +15,8 @@ end
 
 # The truth a profile is checked against: the CPU time each method took, as
 # "spent thrice=NS once=NS" (totals so far) after each SIGUSR1. Each call
-# lasts tens of sampling periods (a 10 ms cycle of four calls aliased with
-# 999 Hz sampling).
+# lasts tens of sampling periods, so that no cycle of calls can line up with
+# the sampling.
 spent_thrice = 0
 spent_once = 0
 asked = false
