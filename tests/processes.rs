@@ -278,6 +278,8 @@ fn a_storm_of_2000_short_lived_children_each_under_its_own_identity_in_flat_memo
     let early = rss_kib(rprof.child.id());
     let line = storm.wait_line("children", Duration::from_secs(300));
     let late = rss_kib(rprof.child.id());
+    // Measured while recording: the storm exits (and rprof renders) after.
+    common::signal(storm.pid, libc::SIGUSR1);
     let run = rprof.finish();
     assert!(run.success, "{}", run.stderr);
     let children: std::collections::BTreeSet<&str> = line["children ".len()..].split(',').collect();

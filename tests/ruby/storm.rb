@@ -1,7 +1,8 @@
 # A fork storm: once it gets SIGUSR1, forks COUNT (ARGV[0]) short-lived
 # children, PARALLEL (ARGV[1]) at a time; each burns 50 ms of CPU in
 # Object#storm_child and exits. Prints "progress 100" once 100 have exited,
-# then "children PID,PID,..." once all have.
+# then "children PID,PID,..." once all have, and exits at the next SIGUSR1
+# (so that rprof is still recording when it is measured).
 COUNT = Integer(ARGV.fetch(0))
 PARALLEL = Integer(ARGV.fetch(1))
 
@@ -34,5 +35,7 @@ COUNT.times do
   running += 1
 end
 Process.waitall
+$go = false
 $stdout.puts "children #{children.join(",")}"
 $stdout.flush
+sleep 0.01 until $go
