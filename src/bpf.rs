@@ -107,6 +107,12 @@ pub struct Probe {
 /// Ring buffer size: room for a few hundred deep stacks between two polls.
 const RING_BYTES: u32 = 32 << 20;
 
+/// Records read from the ring buffer at a time. When rprof falls behind (its
+/// targets can keep every CPU busy), the backlog is worked off a slice at a
+/// time rather than copied whole into rprof's heap, where the allocator would
+/// keep that high-water mark for good.
+pub const BATCH: usize = 1024;
+
 impl Probe {
     /// Loads the BPF program (not yet attached to anything).
     pub fn load(options: Options) -> Result<Self> {
@@ -408,16 +414,43 @@ impl Probe {
         Ok(())
     }
 
-    /// Waits up to `timeout` for records and hands each to `f`.
-    pub fn poll(&mut self, timeout: Duration, mut f: impl FnMut(Record)) -> Result<()> {
-        match self.ring.poll(timeout) {
-            // A signal (Ctrl-C) interrupts the wait; the caller decides what next.
-            Err(e) if e.kind() == libbpf_rs::ErrorKind::Interrupted => {}
-            other => other.context("polling the ring buffer")?,
+    /// Waits up to `timeout` for records, then hands up to [`BATCH`] of
+    /// them to `f`; returns how many were read.
+    pub fn poll(&mut self, timeout: Duration, mut f: impl FnMut(Record)) -> Result<usize> {
+        let mut n = self.consume_batch()?;
+        if n == 0 {
+            self.wait(timeout)?;
+            // Read what is there even if no wakeup came (a signal, a timeout).
+            n = self.consume_batch()?;
         }
-        // Read what is there even if no wakeup came (a signal, a timeout).
-        self.ring.consume().context("reading the ring buffer")?;
         self.drain_queue(&mut f);
+        Ok(n)
+    }
+
+    /// Moves up to [`BATCH`] records from the ring buffer to the queue.
+    fn consume_batch(&self) -> Result<usize> {
+        let n = self.ring.consume_raw_n(BATCH);
+        if n < 0 {
+            return Err(std::io::Error::from_raw_os_error(-n)).context("reading the ring buffer");
+        }
+        Ok(n as usize)
+    }
+
+    /// Sleeps until the ring buffer has records, a signal comes or `timeout`
+    /// passes. libbpf's own poll would also read every record there.
+    fn wait(&self, timeout: Duration) -> Result<()> {
+        let mut event = libc::epoll_event { events: 0, u64: 0 };
+        let ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
+        // SAFETY: room for the one event asked for; the fd is libbpf's epoll
+        // instance, open as long as the ring buffer is.
+        let ready = unsafe { libc::epoll_wait(self.ring.epoll_fd(), &mut event, 1, ms) };
+        if ready < 0 {
+            let e = std::io::Error::last_os_error();
+            // A signal (Ctrl-C) interrupts the wait; the caller decides what next.
+            if e.kind() != std::io::ErrorKind::Interrupted {
+                return Err(e).context("waiting on the ring buffer");
+            }
+        }
         Ok(())
     }
 
@@ -432,18 +465,20 @@ impl Probe {
     }
 
     /// Closes the current counting epoch: the BPF program moves on to a new
-    /// one; returns every record of the old one, then every (hash, count)
-    /// of it (removed from the kernel).
-    pub fn close_epoch(&mut self) -> Result<(Vec<Record>, Counts)> {
+    /// one. Returns the closed epoch, whose records the caller reads with
+    /// `poll` (with no timeout, until a batch comes back short) before
+    /// taking its counts with `take_counts`.
+    pub fn switch_epoch(&mut self) -> Result<u64> {
         let closed = self.epoch;
         self.epoch += 1;
         self.write_epoch()?;
         // A BPF program that read the old epoch finishes within microseconds.
         std::thread::sleep(Duration::from_millis(2));
-        self.ring.consume().context("reading the ring buffer")?;
-        let mut records = Vec::new();
-        self.drain_queue(&mut |r| records.push(r));
+        Ok(closed)
+    }
 
+    /// Every (hash, count) of the `closed` epoch, removed from the kernel.
+    pub fn take_counts(&mut self, closed: u64) -> Result<Counts> {
         let map = if closed & 1 == 0 {
             &self.skel.maps.counts0
         } else {
@@ -463,7 +498,7 @@ impl Probe {
                 counts.push((hash, count.count));
             }
         }
-        Ok((records, counts))
+        Ok(counts)
     }
 
     fn write_epoch(&self) -> Result<()> {

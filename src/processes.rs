@@ -108,11 +108,37 @@ pub struct Processes {
     pub ruby_versions: std::collections::BTreeSet<String>,
     /// When processes waiting for their Ruby were last looked at.
     inspected: Instant,
-    /// Each PID met, with the start time of its latest process and how many
-    /// processes had it. (At most one entry per PID the system has.)
-    pids: HashMap<u32, (u64, u32)>,
+    pids: PidUses,
     /// --native: the unwind tables and address spaces of the processes.
     pub native: Option<Unwinder>,
+}
+
+/// How many processes the recording met on each PID. A byte per PID up to the
+/// highest met (so at most the system's `pid_max` bytes, 4 MB with systemd's
+/// default), and a map for the PIDs met 255 times or more: a storm of
+/// millions of processes keeps it flat.
+#[derive(Debug, Default)]
+struct PidUses {
+    counts: Vec<u8>,
+    many: HashMap<u32, u32>,
+}
+
+impl PidUses {
+    /// Counts a new process on `pid`: 1 for the first.
+    fn next(&mut self, pid: u32) -> u32 {
+        let i = pid as usize;
+        if self.counts.len() <= i {
+            self.counts.resize(i + 1, 0);
+        }
+        let count = &mut self.counts[i];
+        if *count < u8::MAX {
+            *count += 1;
+            return u32::from(*count);
+        }
+        let many = self.many.entry(pid).or_insert(u32::from(u8::MAX));
+        *many += 1;
+        *many
+    }
 }
 
 /// How often processes waiting for their Ruby VM are looked at.
@@ -123,7 +149,7 @@ impl Processes {
     pub fn new(force_version: Option<String>, native: Option<Unwinder>) -> Self {
         Self {
             native,
-            pids: HashMap::new(),
+            pids: PidUses::default(),
             live: HashMap::new(),
             force_version,
             counts: Counts::default(),
@@ -197,11 +223,10 @@ impl Processes {
 
     /// Which process on its PID `id` is: 1 for the first the recording meets.
     fn nth(&mut self, id: ProcessId) -> u32 {
-        let seen = self.pids.entry(id.pid).or_insert((id.start_ticks, 1));
-        if seen.0 != id.start_ticks {
-            *seen = (id.start_ticks, seen.1 + 1);
+        match self.live.get(&id.pid).filter(|f| f.id == id) {
+            Some(f) => f.nth,
+            None => self.pids.next(id.pid),
         }
-        seen.1
     }
 
     /// Profiles `id`; `inherited_from`: a forked child BPF gave the recipe of
@@ -454,5 +479,20 @@ impl Processes {
         self.live
             .values()
             .any(|f| Process { pid: f.id.pid }.is_alive_since(f.id.start_ticks))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::PidUses;
+
+    #[test]
+    fn each_pid_counts_its_own_processes_past_a_byte() {
+        let mut uses = PidUses::default();
+        let counts: Vec<u32> = (0..300).map(|_| uses.next(4_194_303)).collect();
+        assert_eq!(counts, (1..=300).collect::<Vec<u32>>());
+        assert_eq!((uses.next(7), uses.next(7), uses.next(4_194_303)), (1, 2, 301));
+        assert_eq!(uses.counts.len(), 4_194_304);
+        assert_eq!(uses.many.len(), 1);
     }
 }

@@ -1011,10 +1011,19 @@ impl Collector {
         last: bool,
         now: Duration,
     ) -> Result<EpochCounts> {
-        let (records, counts) = probe.close_epoch()?;
-        for r in records {
-            self.on_record(r, processes, probe)?;
+        let closed = probe.switch_epoch()?;
+        // Its records, before its counts: a count finds its stack named.
+        loop {
+            let mut records = Vec::new();
+            let read = probe.poll(Duration::ZERO, |r| records.push(r))?;
+            for r in records {
+                self.on_record(r, processes, probe)?;
+            }
+            if read < bpf::BATCH {
+                break;
+            }
         }
+        let counts = probe.take_counts(closed)?;
         self.retry(last, processes);
         for (hash, n) in counts {
             match self.stacks.get_mut(&hash) {
@@ -1040,13 +1049,20 @@ impl Collector {
         let keep = self.generation.saturating_sub(1);
         self.stacks.retain(|_, c| c.generation >= keep);
         self.generation += 1;
-        // Processes that ended are described no more.
-        self.process_info
-            .retain(|id, _| processes.get(id.pid, id.start_ticks).is_some());
+        // Processes that ended are described no more, here or in a file.
+        let mut ended = Vec::new();
+        self.process_info.retain(|id, info| {
+            let alive = processes.get(id.pid, id.start_ticks).is_some();
+            if !alive {
+                ended.push(info.clone());
+            }
+            alive
+        });
         let epoch = EpochCounts {
             start_ns: self.epoch_start.as_nanos() as u64,
             end_ns: now.as_nanos() as u64,
             counts: self.current.drain().map(|(_, c)| c).collect(),
+            ended,
         };
         self.epoch_start = now;
         Ok(epoch)

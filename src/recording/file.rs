@@ -12,14 +12,17 @@
 //! incomplete last block (the recording was cut short) and refuses anything
 //! else it does not understand, saying at which byte.
 
+use std::collections::{HashMap, HashSet};
 use std::fs::File;
+use std::hash::Hash;
 use std::io::{Read, Write};
 use std::path::Path;
+use std::rc::Rc;
 
-use flamegraphs::{Epoch, Frame, ProcessInfo, Samples, ThreadInfo};
+use flamegraphs::{Epoch, Frame, ProcessInfo, ThreadInfo};
 use serde::{Deserialize, Serialize};
 
-use super::{EpochCounts, Header, Recording, Summary};
+use super::{EpochCounts, Header, Numbering, Recording, Summary};
 use crate::error::UserError;
 
 pub const MAGIC: &[u8; 8] = b"RPROFREC";
@@ -71,9 +74,7 @@ pub struct Writer {
     file: File,
     /// Its path, or what it is, for messages.
     pub name: String,
-    /// What has been written: the file's tables (no epochs kept).
-    tables: Samples,
-    written: [usize; 4],
+    tables: Tables,
     /// End of the last complete block.
     good: u64,
     /// Set after a failed write: the file ends at `good`, and stays so.
@@ -90,8 +91,7 @@ impl Writer {
         Ok(Self {
             file,
             name,
-            tables: Samples::new(header.event.unit()),
-            written: [0; 4],
+            tables: Tables::default(),
             good: start.len() as u64,
             broken: false,
         })
@@ -100,9 +100,11 @@ impl Writer {
     /// Writes one epoch, and before it what it refers to for the first time.
     pub fn epoch(&mut self, counts: &EpochCounts) -> std::io::Result<()> {
         let epoch = counts.add_to(&mut self.tables, 0);
-        let mut records = self.new_tables();
+        let mut records = std::mem::take(&mut self.tables.new);
         records.push(Record::Epoch(epoch));
-        self.write(&records)
+        let written = self.write(&records);
+        self.tables.forget(&counts.ended);
+        written
     }
 
     /// The complete blocks written so far, read back from the file.
@@ -127,27 +129,6 @@ impl Writer {
         self.file.sync_data()
     }
 
-    fn new_tables(&mut self) -> Vec<Record> {
-        let t = &self.tables;
-        let mut records = Vec::new();
-        records.extend(
-            t.processes()[self.written[0]..]
-                .iter()
-                .cloned()
-                .map(Record::Process),
-        );
-        records.extend(t.threads()[self.written[1]..].iter().cloned().map(Record::Thread));
-        records.extend(t.frames()[self.written[2]..].iter().cloned().map(Record::Frame));
-        records.extend(t.stacks()[self.written[3]..].iter().cloned().map(Record::Stack));
-        self.written = [
-            t.processes().len(),
-            t.threads().len(),
-            t.frames().len(),
-            t.stacks().len(),
-        ];
-        records
-    }
-
     /// One block in one write; if it fails (a full disk), the file is cut
     /// back to its last complete block and nothing more is written to it.
     fn write(&mut self, records: &[Record]) -> std::io::Result<()> {
@@ -162,6 +143,69 @@ impl Writer {
         }
         self.good += bytes.len() as u64;
         Ok(())
+    }
+}
+
+/// What a file has numbered, so that each process, thread, frame and stack
+/// is written once; what is new waits in `new` for the next block. A process
+/// that ended is forgotten with its threads (nothing of it comes again), so
+/// that following a million short-lived processes keeps this small.
+#[derive(Default)]
+struct Tables {
+    processes: HashMap<ProcessInfo, u32>,
+    threads: HashMap<ThreadInfo, u32>,
+    frames: HashMap<Frame, u32>,
+    stacks: HashMap<Vec<u32>, u32>,
+    /// How many of each the file has: the next one's number.
+    lens: [u32; 4],
+    new: Vec<Record>,
+}
+
+impl Tables {
+    /// The number of `v` in `index`; if new, numbered `len` and written.
+    fn number<T: Clone + Eq + Hash>(
+        index: &mut HashMap<T, u32>,
+        len: &mut u32,
+        new: &mut Vec<Record>,
+        v: &T,
+        record: fn(T) -> Record,
+    ) -> u32 {
+        if let Some(&i) = index.get(v) {
+            return i;
+        }
+        let i = *len;
+        *len += 1;
+        index.insert(v.clone(), i);
+        new.push(record(v.clone()));
+        i
+    }
+
+    fn forget(&mut self, ended: &[Rc<ProcessInfo>]) {
+        let gone: HashSet<u32> = ended.iter().filter_map(|p| self.processes.remove(p)).collect();
+        if !gone.is_empty() {
+            self.threads.retain(|t, _| !gone.contains(&t.process));
+        }
+    }
+}
+
+impl Numbering for Tables {
+    fn process(&mut self, p: &ProcessInfo) -> u32 {
+        let [len, ..] = &mut self.lens;
+        Self::number(&mut self.processes, len, &mut self.new, p, Record::Process)
+    }
+
+    fn thread(&mut self, t: &ThreadInfo) -> u32 {
+        let [_, len, ..] = &mut self.lens;
+        Self::number(&mut self.threads, len, &mut self.new, t, Record::Thread)
+    }
+
+    fn stack(&mut self, frames: &[Frame]) -> u32 {
+        let [_, _, frames_len, stacks_len] = &mut self.lens;
+        let ids: Vec<u32> = frames
+            .iter()
+            .map(|f| Self::number(&mut self.frames, frames_len, &mut self.new, f, Record::Frame))
+            .collect();
+        Self::number(&mut self.stacks, stacks_len, &mut self.new, &ids, Record::Stack)
     }
 }
 
@@ -328,6 +372,58 @@ mod tests {
             pos += 8 + len;
         }
         out
+    }
+
+    #[test]
+    fn a_file_forgets_processes_that_ended_yet_reads_back_every_one() {
+        use super::super::ThreadEntry;
+        let header = Header {
+            rprof_version: "test".into(),
+            event: super::super::Event::Cpu { frequency: 99 },
+            started_ns: 0,
+            target: "storm".into(),
+        };
+        let file = tempfile::tempfile().expect("tempfile");
+        let mut w = Writer::new(file, "test".into(), &header).expect("writer");
+        let frames = Rc::new(vec![Frame::code("Object#storm_child", "storm.rb", 11)]);
+        for i in 0..1000u32 {
+            let process = Rc::new(ProcessInfo {
+                pid: 1000 + i,
+                started: 1,
+                command: "ruby storm.rb".into(),
+                runtime: "Ruby 3.1.7".into(),
+                label: format!("process {}:\"ruby\"", 1000 + i),
+                parents: vec!["process 999:\"ruby\"".into()],
+            });
+            let thread = Rc::new(ThreadEntry {
+                process: process.clone(),
+                thread: ThreadInfo {
+                    process: 0,
+                    tid: 1000 + i,
+                    name: "ruby".into(),
+                    label: format!("ruby [{}]", 1000 + i),
+                },
+            });
+            let epoch = EpochCounts {
+                start_ns: u64::from(i) * 10,
+                end_ns: u64::from(i) * 10 + 10,
+                counts: vec![(thread, frames.clone(), 3)],
+                ended: vec![process],
+            };
+            w.epoch(&epoch).expect("epoch");
+            assert!(w.tables.processes.is_empty() && w.tables.threads.is_empty());
+        }
+        w.finish(&Summary::default()).expect("finish");
+        let back = parse(&w.read_back().expect("read back"))
+            .expect("parse")
+            .recording;
+        let s = &back.samples;
+        assert_eq!((s.processes().len(), s.threads().len()), (1000, 1000));
+        assert_eq!((s.frames().len(), s.stacks().len()), (1, 1));
+        assert_eq!(s.total(), 3000);
+        for t in s.threads() {
+            assert_eq!(s.processes()[t.process as usize].pid, t.tid);
+        }
     }
 
     #[test]

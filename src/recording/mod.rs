@@ -122,12 +122,36 @@ pub struct EpochCounts {
     pub start_ns: u64,
     pub end_ns: u64,
     pub counts: Vec<Counted>,
+    /// Processes that ended: no later epoch counts them.
+    pub ended: Vec<Rc<ProcessInfo>>,
+}
+
+/// Numbers processes, threads and stacks, adding what is new: a recording's
+/// tables ([`Samples`]) or a file's (what it has written).
+pub trait Numbering {
+    fn process(&mut self, p: &ProcessInfo) -> u32;
+    /// `t.process` is an index of this numbering.
+    fn thread(&mut self, t: &ThreadInfo) -> u32;
+    /// `frames` root first.
+    fn stack(&mut self, frames: &[Frame]) -> u32;
+}
+
+impl Numbering for Samples {
+    fn process(&mut self, p: &ProcessInfo) -> u32 {
+        Samples::process(self, p)
+    }
+    fn thread(&mut self, t: &ThreadInfo) -> u32 {
+        Samples::thread(self, t)
+    }
+    fn stack(&mut self, frames: &[Frame]) -> u32 {
+        Samples::stack(self, frames)
+    }
 }
 
 impl EpochCounts {
     /// The epoch numbered in `to`'s tables (added to them as needed), its
     /// times `offset_ns` earlier, and its equal (thread, stack) pairs merged.
-    pub fn add_to(&self, to: &mut Samples, offset_ns: u64) -> Epoch {
+    pub fn add_to(&self, to: &mut impl Numbering, offset_ns: u64) -> Epoch {
         let mut counts: Vec<Count> = Vec::with_capacity(self.counts.len());
         let mut index: HashMap<(u32, u32), usize> = HashMap::new();
         for (entry, frames, n) in &self.counts {
