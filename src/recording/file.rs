@@ -152,60 +152,70 @@ impl Writer {
 /// that following a million short-lived processes keeps this small.
 #[derive(Default)]
 struct Tables {
-    processes: HashMap<ProcessInfo, u32>,
-    threads: HashMap<ThreadInfo, u32>,
-    frames: HashMap<Frame, u32>,
-    stacks: HashMap<Vec<u32>, u32>,
-    /// How many of each the file has: the next one's number.
-    lens: [u32; 4],
+    processes: Index<ProcessInfo>,
+    threads: Index<ThreadInfo>,
+    frames: Index<Frame>,
+    stacks: Index<Vec<u32>>,
     new: Vec<Record>,
 }
 
-impl Tables {
-    /// The number of `v` in `index`; if new, numbered `len` and written.
-    fn number<T: Clone + Eq + Hash>(
-        index: &mut HashMap<T, u32>,
-        len: &mut u32,
-        new: &mut Vec<Record>,
-        v: &T,
-        record: fn(T) -> Record,
-    ) -> u32 {
-        if let Some(&i) = index.get(v) {
+/// One table of a file: the number of each value it holds, and how many it
+/// ever held (the next one's number).
+struct Index<T> {
+    ids: HashMap<T, u32>,
+    len: u32,
+}
+
+impl<T> Default for Index<T> {
+    fn default() -> Self {
+        Self {
+            ids: HashMap::new(),
+            len: 0,
+        }
+    }
+}
+
+impl<T: Clone + Eq + Hash> Index<T> {
+    /// The number of `v`; if new, numbered next and its record added to `new`.
+    fn number(&mut self, v: &T, new: &mut Vec<Record>, record: fn(T) -> Record) -> u32 {
+        if let Some(&i) = self.ids.get(v) {
             return i;
         }
-        let i = *len;
-        *len += 1;
-        index.insert(v.clone(), i);
+        let i = self.len;
+        self.len += 1;
+        self.ids.insert(v.clone(), i);
         new.push(record(v.clone()));
         i
     }
+}
 
+impl Tables {
     fn forget(&mut self, ended: &[Rc<ProcessInfo>]) {
-        let gone: HashSet<u32> = ended.iter().filter_map(|p| self.processes.remove(p)).collect();
+        let gone: HashSet<u32> = ended
+            .iter()
+            .filter_map(|p| self.processes.ids.remove(p))
+            .collect();
         if !gone.is_empty() {
-            self.threads.retain(|t, _| !gone.contains(&t.process));
+            self.threads.ids.retain(|t, _| !gone.contains(&t.process));
         }
     }
 }
 
 impl Numbering for Tables {
     fn process(&mut self, p: &ProcessInfo) -> u32 {
-        let [len, ..] = &mut self.lens;
-        Self::number(&mut self.processes, len, &mut self.new, p, Record::Process)
+        self.processes.number(p, &mut self.new, Record::Process)
     }
 
     fn thread(&mut self, t: &ThreadInfo) -> u32 {
-        let [_, len, ..] = &mut self.lens;
-        Self::number(&mut self.threads, len, &mut self.new, t, Record::Thread)
+        self.threads.number(t, &mut self.new, Record::Thread)
     }
 
     fn stack(&mut self, frames: &[Frame]) -> u32 {
-        let [_, _, frames_len, stacks_len] = &mut self.lens;
         let ids: Vec<u32> = frames
             .iter()
-            .map(|f| Self::number(&mut self.frames, frames_len, &mut self.new, f, Record::Frame))
+            .map(|f| self.frames.number(f, &mut self.new, Record::Frame))
             .collect();
-        Self::number(&mut self.stacks, stacks_len, &mut self.new, &ids, Record::Stack)
+        self.stacks.number(&ids, &mut self.new, Record::Stack)
     }
 }
 
@@ -411,7 +421,7 @@ mod tests {
                 ended: vec![process],
             };
             w.epoch(&epoch).expect("epoch");
-            assert!(w.tables.processes.is_empty() && w.tables.threads.is_empty());
+            assert!(w.tables.processes.ids.is_empty() && w.tables.threads.ids.is_empty());
         }
         w.finish(&Summary::default()).expect("finish");
         let back = parse(&w.read_back().expect("read back"))
