@@ -105,10 +105,10 @@ fn syscall_mode_counts_every_childs_calls_exactly() {
     let mut named = 0;
     for (stack, n) in &run.folded.stacks {
         assert!(stack[0].starts_with(&format!("process {parent}:\"")), "{stack:?}");
-        let Some(pid) = stack[1]
-            .strip_prefix("process ")
-            .and_then(|p| p.split_once(':'))
-            .and_then(|(pid, _)| pid.parse().ok())
+        // The parent's own calls have no child frame.
+        let Some(pid) = common::process_of(stack)
+            .and_then(|p| p.parse::<u32>().ok())
+            .filter(|&p| p != parent)
         else {
             continue;
         };
