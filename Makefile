@@ -5,9 +5,11 @@
 CARGO ?= cargo
 APT_PACKAGES = clang llvm libelf-dev zlib1g-dev pkg-config make gcc ruby ruby-dev \
                debootstrap util-linux clang-format
-# What only the tests use: real servers under load; go tool pprof and a JSON
-# schema validator, to read rprof's pprof and speedscope files as users' tools do.
-TEST_PACKAGES = puma unicorn ruby-rack wrk libc6-dbg golang-go python3-jsonschema curl man-db
+# What only the tests use: real servers under load (and a Rails app: Debian's
+# Rails 6.1 parts it needs); go tool pprof and a JSON schema validator, to
+# read rprof's pprof and speedscope files as users' tools do.
+TEST_PACKAGES = puma unicorn ruby-rack wrk libc6-dbg golang-go python3-jsonschema curl man-db \
+                ruby-railties ruby-actionpack ruby-actionview
 RPROF = target/release/rprof
 
 .PHONY: deps test-deps apt tracefs build demo test lint bench clean-cache release
@@ -48,7 +50,7 @@ demo: build
 test: deps test-deps tracefs lint
 	scripts/setup-rubies.sh all
 	$(CARGO) build --release --locked
-	$(CARGO) test --release --locked --workspace -- --test-threads=1
+	CARGO=$(CARGO) scripts/run-tests.sh
 
 lint:
 	$(CARGO) fmt --all --check

@@ -230,7 +230,8 @@ static __always_inline __u64 frame_method_entry(struct walk_ctx *w, __u64 ep)
 		if (depth == 0)
 			w->frame_flags = env[2];
 		if (env[2] & p->env_flag_local)
-			return env[0]; /* cme, or a cref userspace will reject */
+			return env[0]; /* cme, a cref userspace will reject, or an svar (see
+					  prepare_record) */
 		if (env[0] && !(env[0] & 7)) {
 			__u64 flags = 0;
 
@@ -266,6 +267,8 @@ static __always_inline int walk_frame(struct walk_ctx *w, __u32 base)
 		f.cme = frame_method_entry(w, ep);
 		if (w->frame_flags & p->frame_flag_finish)
 			f.flags = RPROF_FRAME_FINISH;
+		if (p->cfp_jit_return && cfp_field(s, base, p->cfp_jit_return))
+			f.flags |= RPROF_FRAME_JIT;
 	} else {
 		__u64 env[3];
 
@@ -516,6 +519,67 @@ static __always_inline long emit(struct scratch *s)
 	return bpf_ringbuf_output(&samples, s, size, 0);
 }
 
+/* The first word (flags) of the object at `addr`, if it is one; else 0. */
+static __always_inline __u64 object_flags(__u64 addr)
+{
+	__u64 flags = 0;
+
+	if (!addr || (addr & 7) || bpf_probe_read_user(&flags, sizeof(flags), (void *)addr))
+		return 0;
+	return flags;
+}
+
+struct record_ctx {
+	struct scratch *s;
+	struct rprof_proc *p;
+};
+
+static long prepare_frame(__u32 i, struct record_ctx *r)
+{
+	struct rprof_frame *f = &((struct rprof_frame *)r->s->body)[i & (RPROF_MAX_FRAMES - 1)];
+	struct rprof_proc *p = r->p;
+	__u64 promoted = p->fl_promoted, flags;
+
+	flags = object_flags(f->cme);
+	if (f->iseq && flags && (flags & p->imemo_ment_mask) == p->imemo_svar_value) {
+		__u64 at = f->cme + (p->svar_cref_or_me & 0xff), me = 0;
+
+		bpf_probe_read_user(&me, sizeof(me), (void *)at);
+		f->cme = me;
+		flags = object_flags(me);
+	}
+	if (promoted && (flags & promoted) == promoted)
+		f->flags |= RPROF_FRAME_CME_OLD;
+	flags = object_flags(f->iseq);
+	if (promoted && (flags & promoted) == promoted)
+		f->flags |= RPROF_FRAME_ISEQ_OLD;
+	if (flags && (flags & p->imemo_ment_mask) == p->imemo_ifunc_value)
+		f->flags |= RPROF_FRAME_IFUNC;
+	return 0;
+}
+
+/* Readies a record about to be sent, frame by frame (only records pay for
+ * this, not every event):
+ * - A method that has set $~ or $_ (a regexp match, gets) keeps them in an
+ *   svar that takes its method entry's place in its env and holds the entry
+ *   (Ruby's check_method_entry): the entry is sent, not the svar, a young
+ *   object of each call that would be gone by the time it is read.
+ * - A block written in C (an ifunc in the iseq slot) is flagged: it is no
+ *   frame to name, and once freed it could not be told from one.
+ * - Old (promoted) iseqs and method entries are flagged: userspace may name
+ *   the record after minor GCs have run (a busy machine schedules it late),
+ *   and an object old at the sample is the same object until a major GC. */
+static __always_inline void prepare_record(struct scratch *s)
+{
+	__u32 tgid = s->hdr.pid;
+	struct record_ctx r = {.s = s, .p = bpf_map_lookup_elem(&procs, &tgid)};
+
+	if (!r.p)
+		return;
+	bpf_loop(s->hdr.nframes < RPROF_MAX_FRAMES ? s->hdr.nframes : RPROF_MAX_FRAMES,
+		 prepare_frame, &r, 0);
+}
+
 static __always_inline void count_stack(struct scratch *s)
 {
 	struct rprof_stack_count *c = 0, init = {};
@@ -537,6 +601,7 @@ static __always_inline void count_stack(struct scratch *s)
 		/* The map is full: send this one event on its own. */
 		stat_inc(RPROF_STAT_AGG_FULL);
 		s->hdr.flags |= RPROF_SAMPLE_DIRECT;
+		prepare_record(s);
 		if (emit(s))
 			stat_inc(RPROF_STAT_LOST);
 		return;
@@ -544,7 +609,10 @@ static __always_inline void count_stack(struct scratch *s)
 	__sync_fetch_and_add(&c->count, 1);
 	/* If the ring buffer is full the count stays; a later event retries, and
 	 * userspace reports counts whose stack never arrived as lost. */
-	if (!c->emitted && !emit(s))
+	if (c->emitted)
+		return;
+	prepare_record(s);
+	if (!emit(s))
 		c->emitted = 1;
 }
 

@@ -71,7 +71,7 @@ struct rprof_proc {
 	__u32 cfp_pc;
 	__u32 cfp_iseq;
 	__u32 cfp_ep;
-	__u32 pad;
+	__u32 cfp_jit_return; /* 0: no such field (Ruby 2.7) */
 	/* RPROF_EC_TLS_DTV: written by BPF (one 8-byte store) once it sees the
 	 * TLS block is in static TLS, at this same offset from every thread's
 	 * pointer; 0 until then. */
@@ -80,8 +80,11 @@ struct rprof_proc {
 	__u64 frame_magic_mask;
 	__u64 frame_magic_cfunc;
 	__u64 env_flag_local;
-	__u64 imemo_ment_mask;	/* applied to an object's flags ... */
-	__u64 imemo_ment_value; /* ... equals this for a method entry */
+	__u64 imemo_ment_mask;	 /* applied to an object's flags ... */
+	__u64 imemo_ment_value;	 /* ... equals this for a method entry */
+	__u64 imemo_svar_value;	 /* ... for a method's $~/$_ store (struct vm_svar) ... */
+	__u64 imemo_ifunc_value; /* ... for a block written in C */
+	__u64 svar_cref_or_me;	 /* ... which holds the method entry here */
 	/* The GC's clock (see src/gc_time.rs): objspace->flags (32 bits, mode
 	 * in bits 0-1) and objspace->profile.count, absolute addresses. */
 	__u64 gc_flags_addr;
@@ -95,6 +98,8 @@ struct rprof_proc {
 	__u32 native_space;
 	/* Ruby frame flags (ep[0]) copied into rprof_frame.flags. */
 	__u32 frame_flag_finish;
+	/* RBasic.flags bits all set in an old (promoted) object. */
+	__u64 fl_promoted;
 };
 
 /*
@@ -114,6 +119,18 @@ enum rprof_frame_flags {
 	/* VM_FRAME_FLAG_FINISH: the first frame a native call into the VM
 	 * (rb_vm_exec) runs; the frames up to the next one are that call's. */
 	RPROF_FRAME_FINISH = 1,
+	/* cfp->jit_return is set: YJIT pushed or entered the frame, and writes
+	 * its pc only before calls, so the running frame's pc may be stale. */
+	RPROF_FRAME_JIT = 2,
+	/* The frame's iseq (method entry) was old when the record was sent:
+	 * only a major GC frees or moves it, so what userspace reads there
+	 * later, after minor GCs only, is still that object. Set only on
+	 * records, where userspace names frames. */
+	RPROF_FRAME_ISEQ_OLD = 4,
+	RPROF_FRAME_CME_OLD = 8,
+	/* The iseq slot holds an ifunc: a block written in C, which Ruby's
+	 * backtraces leave out (records only). */
+	RPROF_FRAME_IFUNC = 16,
 };
 
 /*

@@ -83,6 +83,8 @@ impl fmt::Display for GcTime {
 pub struct SampleTime {
     pub earliest: GcTime,
     pub latest: GcTime,
+    /// The object asked about was old at the sample (BPF saw it promoted).
+    pub old: bool,
 }
 
 impl SampleTime {
@@ -90,6 +92,7 @@ impl SampleTime {
         Self {
             earliest: t,
             latest: t,
+            old: false,
         }
     }
 
@@ -100,7 +103,24 @@ impl SampleTime {
         Self {
             earliest: GcTime::new(t.count(), true),
             latest: t,
+            old: false,
         }
+    }
+
+    /// The sample, known to be no later than `t` (the clock read after it):
+    /// a sample taken at a GC's edge while that GC is still marking at `t`
+    /// was taken before its marking began, not after it ended.
+    pub fn no_later_than(self, t: GcTime) -> Self {
+        if self.earliest <= t && t < self.latest {
+            Self { latest: t, ..self }
+        } else {
+            self
+        }
+    }
+
+    /// The same time, asked about an object BPF saw `old` at the sample.
+    pub fn of_object(self, old: bool) -> Self {
+        Self { old, ..self }
     }
 
     /// Whether `holds_at` is true at every time the sample may have been taken.
@@ -245,8 +265,9 @@ impl MajorLog {
     }
 
     /// Whether a fact read at `read` describes a sample taken at `sample`, for
-    /// an object that was `old` when read (see the module doc).
-    pub fn describes(&self, read: GcTime, sample: GcTime, old: bool) -> bool {
+    /// an object that was `old` when read, and `old_at_sample` when BPF took
+    /// the sample (see the module doc).
+    pub fn describes(&self, read: GcTime, sample: GcTime, old: bool, old_at_sample: bool) -> bool {
         // GC k moves and frees once its marking has ended, from time 2k + 1:
         // nothing changes between two times unless a marking ended between
         // them (GCs `first..=last`), and an old object only if one of those
@@ -259,8 +280,9 @@ impl MajorLog {
         if !old || !self.all_minor(first, last) {
             return false;
         }
-        // Old when read after the sample: it must already have been there.
-        read < sample || read.count() - sample.count() < 3
+        // Old when read after the sample: it must already have been there,
+        // which BPF saw, or which fewer than three GCs since show.
+        read < sample || old_at_sample || read.count() - sample.count() < 3
     }
 }
 
@@ -312,12 +334,12 @@ mod tests {
     #[test]
     fn young_objects_only_at_their_own_time() {
         let log = MajorLog::default();
-        assert!(log.describes(t(4, false), t(4, false), false));
-        assert!(!log.describes(t(4, false), t(5, false), false));
-        assert!(!log.describes(t(4, true), t(4, false), false));
+        assert!(log.describes(t(4, false), t(4, false), false, false));
+        assert!(!log.describes(t(4, false), t(5, false), false, false));
+        assert!(!log.describes(t(4, true), t(4, false), false, false));
         // No marking ends between GC 4's sweep and GC 5's marking.
-        assert!(log.describes(t(4, false), t(5, true), false));
-        assert!(log.describes(t(5, true), t(4, false), false));
+        assert!(log.describes(t(4, false), t(5, true), false, false));
+        assert!(log.describes(t(5, true), t(4, false), false, false));
     }
 
     #[test]
@@ -327,17 +349,42 @@ mod tests {
         for r in [reading(10, 2), reading(13, 2), reading(15, 3), reading(17, 3)] {
             log.note(&r);
         }
-        assert!(log.describes(t(10, false), t(12, false), true));
-        assert!(log.describes(t(12, false), t(10, false), true));
-        assert!(log.describes(t(12, false), t(13, false), true));
+        assert!(log.describes(t(10, false), t(12, false), true, false));
+        assert!(log.describes(t(12, false), t(10, false), true, false));
+        assert!(log.describes(t(12, false), t(13, false), true, false));
         // GC 14 may have been major: its marking ended between these two.
-        assert!(!log.describes(t(14, true), t(14, false), true));
-        assert!(!log.describes(t(13, false), t(15, false), true));
+        assert!(!log.describes(t(14, true), t(14, false), true, false));
+        assert!(!log.describes(t(13, false), t(15, false), true, false));
         // Within GC 14's marking nothing moves, major or not.
-        assert!(log.describes(t(14, true), t(14, true), true));
-        assert!(log.describes(t(15, false), t(17, false), true));
+        assert!(log.describes(t(14, true), t(14, true), true, false));
+        assert!(log.describes(t(15, false), t(17, false), true, false));
         // Nothing known before the first reading.
-        assert!(!log.describes(t(5, false), t(10, false), true));
+        assert!(!log.describes(t(5, false), t(10, false), true, false));
+    }
+
+    #[test]
+    fn an_edge_sample_is_no_later_than_the_clock_read_after_it() {
+        let edge = SampleTime::at_edge(t(166, false));
+        assert_eq!(edge.no_later_than(t(166, true)), SampleTime::at(t(166, true)));
+        assert_eq!(edge.no_later_than(t(166, false)), edge);
+        assert_eq!(edge.no_later_than(t(170, false)), edge);
+    }
+
+    #[test]
+    fn objects_old_at_the_sample_across_any_number_of_minor_gcs() {
+        let mut log = MajorLog::default();
+        // GCs 11 to 20 minor, 21 major.
+        for r in [reading(10, 2), reading(20, 2), reading(21, 3)] {
+            log.note(&r);
+        }
+        // Old when read three or more GCs after the sample: maybe promoted
+        // since, unless BPF saw it old at the sample.
+        assert!(!log.describes(t(13, false), t(10, false), true, false));
+        assert!(log.describes(t(13, false), t(10, false), true, true));
+        assert!(log.describes(t(20, false), t(10, false), true, true));
+        // A major GC in between, or young when read: not the same object.
+        assert!(!log.describes(t(21, false), t(10, false), true, true));
+        assert!(!log.describes(t(13, false), t(10, false), false, true));
     }
 
     #[test]
@@ -346,9 +393,9 @@ mod tests {
         log.note(&reading(10, 2));
         // GC 11 has started marking but may not have bumped the count yet.
         log.note(&marking(11, 2));
-        assert!(!log.describes(t(10, false), t(11, false), true));
+        assert!(!log.describes(t(10, false), t(11, false), true, false));
         log.note(&reading(11, 2));
-        assert!(log.describes(t(10, false), t(11, false), true));
+        assert!(log.describes(t(10, false), t(11, false), true, false));
         // A major count read after `count` may include the next GC: only
         // the one read before it says what came before.
         let mut log = MajorLog::default();
@@ -357,7 +404,7 @@ mod tests {
             ..reading(10, 2)
         });
         log.note(&reading(11, 3));
-        assert!(!log.describes(t(10, false), t(11, false), true));
+        assert!(!log.describes(t(10, false), t(11, false), true, false));
     }
 
     #[test]
@@ -365,8 +412,8 @@ mod tests {
         let mut log = MajorLog::default();
         log.note(&reading(0, 0));
         log.note(&reading(20, 0));
-        assert!(log.describes(t(10, false), t(8, false), true));
-        assert!(!log.describes(t(11, false), t(8, false), true));
-        assert!(log.describes(t(8, false), t(18, false), true));
+        assert!(log.describes(t(10, false), t(8, false), true, false));
+        assert!(!log.describes(t(11, false), t(8, false), true, false));
+        assert!(log.describes(t(8, false), t(18, false), true, false));
     }
 }

@@ -46,6 +46,10 @@ pub struct RubyTarget {
     pub gc: Option<GcClock>,
     /// The VM's ELF file and its interpreter entry, to stitch native stacks.
     pub vm: VmImage,
+    /// `mjit_opts.on` (Ruby 2.7 to 3.1): MJIT's code writes a frame's pc only
+    /// before instructions that may call out, and marks no frame, so while it
+    /// runs the leaf frame's line cannot be trusted.
+    pub mjit_on: Option<u64>,
 }
 
 impl RubyTarget {
@@ -96,6 +100,7 @@ impl RubyTarget {
             maps_path: vm_path,
             vm_exec: find_vm_exec(&image),
         };
+        let mjit_on = image.symbol("mjit_opts").map(|s| bias + s.value);
         Ok(Self {
             process,
             start_ticks,
@@ -105,6 +110,7 @@ impl RubyTarget {
             global_symbols,
             gc,
             vm,
+            mjit_on,
         })
     }
 
@@ -191,19 +197,23 @@ impl RubyTarget {
             cfp_pc: l.control_frame.pc,
             cfp_iseq: l.control_frame.iseq,
             cfp_ep: l.control_frame.ep,
-            pad: 0,
+            cfp_jit_return: l.control_frame.jit_return.unwrap_or(0),
             tls_tp_offset: 0,
             frame_magic_mask: l.frame.magic_mask,
             frame_magic_cfunc: l.frame.magic_cfunc,
             env_flag_local: l.frame.env_flag_local,
             imemo_ment_mask: l.value.type_mask | (l.imemo.type_mask << l.imemo.type_shift),
             imemo_ment_value: l.value.t_imemo | (l.imemo.type_ment << l.imemo.type_shift),
+            imemo_svar_value: l.value.t_imemo | (l.imemo.type_svar << l.imemo.type_shift),
+            imemo_ifunc_value: l.value.t_imemo | (l.imemo.type_ifunc << l.imemo.type_shift),
+            svar_cref_or_me: u64::from(l.imemo.svar_cref_or_me),
             gc_flags_addr: self.gc.map_or(0, |g| g.flags),
             gc_count_addr: self.gc.map_or(0, |g| g.count),
             th_dedicated_byte: l.thread.dedicated_nt_byte.unwrap_or(0),
             th_dedicated_mask: l.thread.dedicated_nt_mask.map_or(0, u32::from),
             native_space: 0,
             frame_flag_finish: l.frame.flag_finish as u32,
+            fl_promoted: l.value.fl_promoted,
         }
     }
 }

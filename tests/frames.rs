@@ -19,19 +19,26 @@ fn hot_lines() -> BTreeMap<String, u32> {
 }
 
 fn hot_lines_in(script: &str) -> BTreeMap<String, u32> {
+    tagged_lines(script, "# HOT ")
+}
+
+/// Lines of `script` carrying `tag`, by the label after it.
+fn tagged_lines(script: &str, tag: &str) -> BTreeMap<String, u32> {
     let src = std::fs::read_to_string(common::scripts_dir().join(script)).expect("test script");
     src.lines()
         .enumerate()
         .filter_map(|(i, l)| {
-            l.split_once("# HOT ")
-                .map(|(_, tag)| (tag.trim().to_string(), i as u32 + 1))
+            l.split_once(tag)
+                .map(|(_, label)| (label.trim().to_string(), i as u32 + 1))
         })
         .collect()
 }
 
-/// The last frame of a stack that has a source location (the running Ruby code).
+/// The last frame of a stack that has a source location (the running Ruby
+/// code), whether or not it shows a line: a Ruby frame without its line must
+/// count against the line it should show.
 fn ruby_leaf(stack: &[String]) -> Option<&String> {
-    stack.iter().rev().find(|f| line(f).is_some())
+    stack.iter().rev().find(|f| label(f) != f.as_str())
 }
 
 fn record_phase(r: &Ruby, phase: &str, seconds: &str) -> Run {
@@ -74,6 +81,46 @@ fn check_lines(r: &Ruby) {
             "Ruby {}: {tag} at line {hot} in {:.1}% of {total} samples",
             r.name,
             share * 100.0
+        );
+    }
+}
+
+/// One-line blocks run by `inject`, `each` and `times` (frames.rb's
+/// `# HOT(blocks)` tags), sampled as the leaf frame: much of a tiny block's
+/// time passes before its first instruction runs, its pc still at the start
+/// of its code, where Ruby's own backtraces give the line of that first
+/// instruction. Every such sample must carry the block's line, on every
+/// Ruby, YJIT's included (a one-line block has only one line to be on). The
+/// release that dropped these lines gave 80-90%; rprof gives 100% (2 s at
+/// 499 Hz, about 300 samples per block on each Ruby).
+fn check_leaf_blocks(r: &Ruby) {
+    let run = record_phase(r, "blocks", "3");
+    for (tag, hot) in tagged_lines("frames.rb", "# HOT(blocks) ") {
+        let (mut total, mut at_line) = (0, 0);
+        for (stack, n) in &run.folded.stacks {
+            let Some(leaf) = stack.last().filter(|f| label(f) == tag) else {
+                continue;
+            };
+            total += n;
+            if line(leaf) == Some(hot) {
+                at_line += n;
+            }
+        }
+        assert!(
+            total >= 50,
+            "Ruby {}: only {total} samples with {tag:?} as the leaf: {:#?}",
+            r.name,
+            labels_seen(&run.folded)
+        );
+        assert!(
+            at_line * 100 >= total * 99,
+            "Ruby {}: {tag} at line {hot} in {at_line} of {total} samples: {:?}",
+            r.name,
+            run.folded
+                .stacks
+                .iter()
+                .filter(|(s, _)| s.last().is_some_and(|f| label(f) == tag))
+                .collect::<Vec<_>>()
         );
     }
 }
@@ -283,7 +330,14 @@ fn check_callers(r: &Ruby) {
                     assert_eq!(l, *lineno, "Ruby {} frame {i}: {mine} vs {path}:{lineno}", r.name);
                     assert!(mine.contains(path.as_str()), "Ruby {}: {mine} vs {path}", r.name);
                 }
-                None => {} // C frame: Ruby prints the caller's location, rprof none
+                // A C frame: Ruby prints its caller's location, rprof none.
+                // A Ruby frame always has its line, but for YJIT's running
+                // frame, whose pc YJIT has not written.
+                None => assert!(
+                    label(mine) == mine.as_str() || (i == 0 && r.name.contains("yjit")),
+                    "Ruby {} frame {i}: {mine} without its line",
+                    r.name
+                ),
             }
         }
         checked += n;
@@ -336,35 +390,55 @@ fn check_churn(r: &Ruby) {
 /// in "gen_N.rb" from line N, so every frame's name can be checked against its
 /// file and line. Run several times: on some Rubies a wrong name is rare.
 fn check_code_churn(r: &Ruby) {
+    let yjit = r.name.contains("yjit");
     for attempt in 1..=3 {
-        let target = r.spawn("churn.rb", &[]);
-        // The last run on a saturated machine: rprof's reads come later.
-        let _busy = (attempt == 3).then(Busy::start);
-        let run = record(target.pid, &["-d", "3", "-F", "499"]);
+        // The last run on a saturated machine: the target churns in two
+        // processes (one per CPU), and more CPU burners compete with them
+        // and rprof, whose reads come later.
+        let saturated = attempt == 3;
+        let args: &[&str] = if saturated {
+            &["3000", "30", "25", "twin"]
+        } else {
+            &[]
+        };
+        let target = r.spawn("churn.rb", args);
+        let _busy = saturated.then(Busy::start);
+        let mut rprof_args = vec!["-d", "3", "-F", "499"];
+        if saturated {
+            rprof_args.push("--subprocesses");
+        }
+        let run = record(target.pid, &rprof_args);
         assert!(run.success, "Ruby {}: {}", r.name, run.stderr);
         let (mut generated, mut unknown, mut wrong) = (0, 0, Vec::new());
         for (stack, n) in &run.folded.stacks {
             if stack.iter().any(|f| f == "[unknown]") {
                 unknown += n;
             }
+            let leaf = ruby_leaf(stack);
             for f in stack {
                 let Some(gen) = generation_of(f) else { continue };
                 generated += n;
-                let l = line(f).unwrap_or(0);
                 let lbl = label(f);
                 // The class_eval itself runs in gen_N.rb at line N, named
                 // after the block that calls it, as Ruby's backtraces do.
-                let eval = lbl == "block in Churn#run" && l == gen;
-                let own = lbl.ends_with(&format!("Churn#churn_{gen}")) && (gen..=gen + 6).contains(&l);
-                if !eval && !own {
-                    wrong.push(f.clone());
+                let eval = lbl == "block in Churn#run" && line(f) == Some(gen);
+                let own = lbl.ends_with(&format!("Churn#churn_{gen}"));
+                match line(f) {
+                    // gen_N.rb holds the method from its `def` (line N) to its
+                    // `end` (N + 7), where it returns.
+                    Some(l) if (eval || own) && (gen..=gen + 7).contains(&l) => {}
+                    // Only YJIT's running frame may lack a line (its pc is
+                    // not written), and only in the multi-line block: the
+                    // one-line block has a line whatever its pc.
+                    None if own && yjit && leaf == Some(f) && !lbl.starts_with("block (3 levels)") => {}
+                    _ => wrong.push(f.clone()),
                 }
             }
         }
         let total = run.folded.total();
         assert!(
             wrong.is_empty(),
-            "Ruby {} run {attempt}: frames named after another method: {wrong:?}",
+            "Ruby {} run {attempt}: frames named after another method or without their line: {wrong:?}",
             r.name
         );
         assert!(
@@ -373,12 +447,18 @@ fn check_code_churn(r: &Ruby) {
             r.name,
             run.folded.stacks
         );
-        // With every CPU busy rprof reads later, and more of the young code
-        // is gone by then: counted, never named wrongly (measured up to 1.2%).
-        let limit = if attempt == 3 { 0.03 } else { 0.01 };
+        // Counted, never named wrongly. Before records carried what names
+        // them late (old objects, svars, C blocks) a busy machine gave up to
+        // 1.4%. Measured since, 6 rounds of this test on every Ruby: at most
+        // 0.47% in a run (Ruby 2.7, which also has the most when idle), 0.2%
+        // on the others, saturated or not.
         let share = unknown as f64 / total as f64;
+        eprintln!(
+            "Ruby {} run {attempt}: {unknown} of {total} samples with [unknown]",
+            r.name
+        );
         assert!(
-            share <= limit,
+            share <= 0.01,
             "Ruby {} run {attempt}: {unknown} of {total} samples with [unknown] frames: {}",
             r.name,
             run.stderr
@@ -476,9 +556,10 @@ fn check_ractors(r: &Ruby) {
 }
 
 /// N for a frame in "gen_N.rb".
+/// N of a frame in churn.rb's `gen_N.rb`, with or without a line.
 fn generation_of(frame: &str) -> Option<u32> {
     let (_, rest) = frame.rsplit_once("(gen_")?;
-    rest.split_once(".rb:")?.0.parse().ok()
+    rest.split_once(".rb")?.0.parse().ok()
 }
 
 /// method name -> (def line, end line) of the top-level and nested `def`s in `src`.
@@ -578,6 +659,7 @@ macro_rules! on_every_ruby {
             mod $version {
                 use super::*;
                 #[test] fn lines() { check_lines(&ruby($name)) }
+                #[test] fn leaf_one_line_blocks() { check_leaf_blocks(&ruby($name)) }
                 #[test] fn c_methods() { check_cfuncs(&ruby($name)) }
                 #[test] fn rprof_starved() { check_starved(&ruby($name)) }
                 #[test] fn eval() { check_eval(&ruby($name)) }

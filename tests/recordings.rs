@@ -727,9 +727,9 @@ const MEMORY_MODES: [&[&str]; 3] = [
 
 /// Each of `MEMORY_MODES` recording `target` at 999 Hz for `seconds`, all at
 /// once (so they see the same code): for each, the most its heap reached in
-/// the second third of the time (its first parts written, the allocator
-/// warmed up by the peaks of writing them) and in the last third.
-fn heap_under_churn(target: &Target, dir: &Path, seconds: u64) -> Vec<(u64, u64)> {
+/// each third of the time (in the second, its first parts are written and
+/// the allocator warmed up by the peaks of writing them).
+fn heap_under_churn(target: &Target, dir: &Path, seconds: u64) -> Vec<[u64; 3]> {
     let pid = target.pid.to_string();
     let duration = seconds.to_string();
     let mut running = Vec::new();
@@ -750,24 +750,19 @@ fn heap_under_churn(target: &Target, dir: &Path, seconds: u64) -> Vec<(u64, u64)
         running.push(Background::start(&all));
     }
     let started = Instant::now();
-    let mut heaps = vec![(0, 0); running.len()];
+    let mut heaps = vec![[0; 3]; running.len()];
     while started.elapsed() < Duration::from_secs(seconds) - Duration::from_millis(500) {
         std::thread::sleep(Duration::from_millis(250));
-        let third = started.elapsed().as_secs() * 3 / seconds;
-        for (rprof, (early, late)) in running.iter().zip(&mut heaps) {
-            let kb = heap_kb(rprof.child.id());
-            match third {
-                0 => {}
-                1 => *early = (*early).max(kb),
-                _ => *late = (*late).max(kb),
-            }
+        let third = ((started.elapsed().as_secs() * 3 / seconds) as usize).min(2);
+        for (rprof, heap) in running.iter().zip(&mut heaps) {
+            heap[third] = heap[third].max(heap_kb(rprof.child.id()));
         }
     }
     for rprof in running {
         let (success, stderr) = rprof.finish();
         assert!(success, "{stderr}");
     }
-    assert!(heaps.iter().all(|&(early, late)| early > 0 && late > 0));
+    assert!(heaps.iter().all(|heap| heap.iter().all(|&kb| kb > 0)));
     heaps
 }
 
@@ -788,16 +783,20 @@ fn rotation_and_flight_recorder_memory_stays_flat_under_code_churn() {
     let target = Ruby::named("3.3").spawn("churn.rb", &["2000", "5", "20"]);
     let dir = tempfile::tempdir().expect("tempdir");
     let heaps = heap_under_churn(&target, dir.path(), 48);
-    for (args, &(early, late)) in MEMORY_MODES.iter().zip(&heaps) {
-        eprintln!("{args:?}: heap at most {early} kB from 16 to 32 s, {late} kB after");
+    for (args, [first, early, late]) in MEMORY_MODES.iter().zip(&heaps) {
+        eprintln!("{args:?}: heap at most {first} kB up to 16 s, {early} kB to 32 s, {late} kB after");
     }
-    let (early, late) = heaps[0];
-    // Growth of twice what the others may show is seen.
+    // Growth of twice what the others may show is seen. The witness is
+    // measured over 32 s, not 16: its tables grow by doubling, and the
+    // allocator hands the old table's memory to the next frames, so its
+    // RSS may stand still for a while (seen: 8,004 kB from 16 to 48 s in
+    // one run) but not for twice as long as it took to grow.
+    let [first, _, late] = heaps[0];
     assert!(
-        late > early + 256,
-        "the witness grows: {early} kB, then {late} kB"
+        late > first + 256,
+        "the witness grows: {first} kB up to 16 s, then {late} kB"
     );
-    for (args, &(early, late)) in MEMORY_MODES.iter().zip(&heaps).skip(1) {
+    for (args, &[_, early, late]) in MEMORY_MODES.iter().zip(&heaps).skip(1) {
         assert!(
             late <= early + 128,
             "{args:?}: memory grows under churn: {early} kB from 16 to 32 s, {late} kB later"

@@ -50,6 +50,10 @@ pub struct ControlFrame {
     #[serde(rename = "self")]
     pub self_: u32,
     pub ep: u32,
+    /// `jit_return` (3.1+): set on every frame YJIT pushed or entered, zeroed
+    /// by the interpreter's `vm_push_frame`. YJIT writes such a frame's `pc`
+    /// only before a call, so the running frame's pc may be stale.
+    pub jit_return: Option<u32>,
 }
 
 /// `rb_iseq_t` and its constant body.
@@ -122,6 +126,11 @@ pub struct Imemo {
     pub type_iseq: u64,
     pub type_cref: u64,
     pub type_ifunc: u64,
+    /// `struct vm_svar`: a method's `$~`/`$_` store, which takes the place of
+    /// its method entry in the frame's env (and holds it in `cref_or_me`)
+    /// once the method touches them.
+    pub type_svar: u64,
+    pub svar_cref_or_me: u32,
 }
 
 /// `struct RString`.

@@ -82,6 +82,9 @@ int main(void)
     P("iseq", OFF(rb_control_frame_t, iseq));
     P("self", OFF(rb_control_frame_t, self));
     P("ep", OFF(rb_control_frame_t, ep));
+#if RUBY_VER >= 301
+    P("jit_return", OFF(rb_control_frame_t, jit_return));
+#endif
 
     printf("\n[iseq]\n");
     P("body", OFF(rb_iseq_t, body));
@@ -141,6 +144,8 @@ int main(void)
     P("type_iseq", imemo_iseq);
     P("type_cref", imemo_cref);
     P("type_ifunc", imemo_ifunc);
+    P("type_svar", imemo_svar);
+    P("svar_cref_or_me", OFF(struct vm_svar, cref_or_me));
 
     printf("\n[string]\n");
 #if RUBY_VER >= 303

@@ -34,12 +34,13 @@ impl Stamp {
         }
     }
 
-    /// Whether the object read is the one at the address at time `t`.
-    pub fn describes(&self, log: &MajorLog, t: GcTime) -> bool {
+    /// Whether the object read is the one at the address at time `t`, when
+    /// it was `old_then` at `t` (as far as known).
+    pub fn describes(&self, log: &MajorLog, t: GcTime, old_then: bool) -> bool {
         if t < self.first {
-            log.describes(self.first, t, self.old)
+            log.describes(self.first, t, self.old, old_then)
         } else if t > self.last {
-            log.describes(self.last, t, self.old)
+            log.describes(self.last, t, self.old, old_then)
         } else {
             true
         }
@@ -98,11 +99,11 @@ impl<T> Facts<T> {
             .get(&addr)
             .into_iter()
             .chain(committed)
-            .find(|e| sample.holds(|t| e.stamp.describes(log, t)))
+            .find(|e| sample.holds(|t| e.stamp.describes(log, t, sample.old)))
             .map(|e| Found {
                 value: &e.value,
                 serial: e.serial,
-                current: now.is_some_and(|now| e.stamp.describes(log, now)),
+                current: now.is_some_and(|now| e.stamp.describes(log, now, false)),
             })
     }
 
@@ -129,7 +130,7 @@ impl<T> Facts<T> {
     pub fn tick(&mut self, now: GcTime, log: &MajorLog) {
         self.committed.retain(|_, readings| {
             readings.retain_mut(|e| {
-                if e.stamp.describes(log, now) {
+                if e.stamp.describes(log, now, false) {
                     e.stamp.last = e.stamp.last.max(now);
                     true
                 } else {

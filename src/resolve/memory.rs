@@ -13,6 +13,8 @@ const MAX_STRING: u64 = 4096;
 /// Entries of Ruby's line-table index below this position are packed in `imm_part`.
 const IMMEDIATE_TABLE_SIZE: u64 = 54;
 const SUCC_BLOCK_SIZE: u64 = 80;
+/// Largest line table read whole (to tell a one-line iseq): 5,000 entries.
+const MAX_LINE_TABLE: u64 = 64 * 1024;
 
 /// What an instruction sequence says about itself.
 #[derive(Debug, Clone)]
@@ -374,6 +376,28 @@ impl Memory {
             0 => Some(info.first_lineno),
             line => Some(line),
         }
+    }
+
+    /// The line every instruction of `info` sits on, if they all sit on one
+    /// (a one-line block or method): then any pc of it, even a stale one, is
+    /// on that line. Line 0 entries are bookkeeping at the iseq's start.
+    pub fn single_line(&self, info: &Iseq) -> Option<u32> {
+        let l = &self.layout.iseq;
+        let entry = u64::from(l.insn_info_entry_size);
+        if info.insns_size == 0 || info.insns_size * entry > MAX_LINE_TABLE {
+            return None;
+        }
+        let mut raw = vec![0u8; (info.insns_size * entry) as usize];
+        self.process.read(info.insns_body, &mut raw).ok()?;
+        let at = l.insn_info_line_no as usize;
+        let mut lines = raw.chunks_exact(entry as usize).map(|e| {
+            match u32::from_le_bytes(e[at..at + 4].try_into().unwrap_or([0; 4])) {
+                0 => info.first_lineno,
+                line => line,
+            }
+        });
+        let first = lines.next()?;
+        lines.all(|line| line == first).then_some(first)
     }
 
     /// Ruby's succinct bit vector lookup (iseq.c succ_index_lookup).

@@ -15,7 +15,7 @@ mod memory;
 mod native;
 mod stitch;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
@@ -66,6 +66,42 @@ const BUSY_WAIT: Duration = Duration::from_millis(2);
 
 type Lookup<T> = Result<(T, u64, bool), Unknown>;
 
+/// What a Ruby frame's pc says about its line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PcTrust {
+    /// The interpreter keeps the pc just past the instruction running (at
+    /// the iseq's start before the first one runs), as Ruby's own
+    /// backtraces read it.
+    Interpreter,
+    /// A frame YJIT pushed or entered that has called the next frame: YJIT
+    /// wrote its pc at that call (never at the iseq's start).
+    JitCaller,
+    /// The running frame of a JIT (YJIT's `jit_return`, or any leaf while
+    /// MJIT runs): its pc is whatever was last written, maybe by another
+    /// frame that used the slot.
+    Stale,
+}
+
+impl PcTrust {
+    fn of(f: &types::rprof_frame, leaf: bool, mjit: bool) -> Self {
+        let jit = f.flags & types::rprof_frame_flags::RPROF_FRAME_JIT.0 != 0;
+        match (jit || mjit, leaf) {
+            (true, true) => PcTrust::Stale,
+            (true, false) if jit => PcTrust::JitCaller,
+            _ => PcTrust::Interpreter,
+        }
+    }
+
+    /// Whether the line of `pc` in `iseq` is the frame's line.
+    fn line_from(self, pc: u64, iseq: &Iseq) -> bool {
+        match self {
+            PcTrust::Interpreter => iseq.contains(pc),
+            PcTrust::JitCaller => iseq.contains(pc) && pc != iseq.encoded,
+            PcTrust::Stale => false,
+        }
+    }
+}
+
 pub struct Resolver {
     memory: Memory,
     clock: Option<GcClock>,
@@ -79,6 +115,15 @@ pub struct Resolver {
     /// Lines by (serial of the iseq reading, pc), committed and pending.
     lines: HashMap<(u64, u64), u32>,
     pending_lines: Vec<((u64, u64), u32)>,
+    /// The one line every instruction of an iseq sits on, if there is one,
+    /// by the serial of the iseq reading; committed and pending.
+    single_lines: HashMap<u64, Option<u32>>,
+    pending_single_lines: Vec<(u64, Option<u32>)>,
+    /// Where `mjit_opts.on` is (Ruby 2.7 to 3.1), and whether it was seen on.
+    mjit: Option<u64>,
+    mjit_on: bool,
+    /// The objects of the sample being named that were old when it was taken.
+    old_at_sample: HashSet<u64>,
     /// ID names: an ID names the same symbol for the life of the process.
     names: HashMap<u64, Rc<str>>,
     pending_names: Vec<(u64, Rc<str>)>,
@@ -96,6 +141,7 @@ impl Resolver {
             target.layout.clone(),
             target.global_symbols.clone(),
             target.gc,
+            target.mjit_on,
         )
     }
 
@@ -104,6 +150,7 @@ impl Resolver {
         layout: Layout,
         global_symbols: GlobalSymbols,
         clock: Option<GcClock>,
+        mjit: Option<u64>,
     ) -> Self {
         let mut resolver = Self {
             memory: Memory::new(process, layout, global_symbols),
@@ -115,6 +162,11 @@ impl Resolver {
             classes: Facts::default(),
             lines: HashMap::new(),
             pending_lines: Vec::new(),
+            single_lines: HashMap::new(),
+            pending_single_lines: Vec::new(),
+            mjit,
+            mjit_on: false,
+            old_at_sample: HashSet::new(),
             names: HashMap::new(),
             pending_names: Vec::new(),
             serial: 0,
@@ -141,17 +193,28 @@ impl Resolver {
             classes: self.classes.forked(at),
             lines: HashMap::new(),
             pending_lines: Vec::new(),
+            single_lines: HashMap::new(),
+            pending_single_lines: Vec::new(),
+            mjit: self.mjit,
+            mjit_on: self.mjit_on,
+            old_at_sample: HashSet::new(),
             names: self.names.clone(),
             pending_names: Vec::new(),
             serial: self.serial,
             now: None,
             ticked_at: GcTime(0),
         };
-        let live: std::collections::HashSet<u64> = resolver.iseqs.serials().collect();
+        let live: HashSet<u64> = resolver.iseqs.serials().collect();
         resolver.lines = self
             .lines
             .iter()
             .filter(|((serial, _), _)| live.contains(serial))
+            .map(|(&k, &v)| (k, v))
+            .collect();
+        resolver.single_lines = self
+            .single_lines
+            .iter()
+            .filter(|(serial, _)| live.contains(serial))
             .map(|(&k, &v)| (k, v))
             .collect();
         resolver.tick();
@@ -175,8 +238,20 @@ impl Resolver {
         self.iseqs.tick(r.time, &self.log);
         self.methods.tick(r.time, &self.log);
         self.classes.tick(r.time, &self.log);
-        let live: std::collections::HashSet<u64> = self.iseqs.serials().collect();
+        let live: HashSet<u64> = self.iseqs.serials().collect();
         self.lines.retain(|(serial, _), _| live.contains(serial));
+        self.single_lines.retain(|serial, _| live.contains(serial));
+    }
+
+    /// Whether MJIT runs this process's code: set at boot, never cleared.
+    fn mjit_running(&mut self) -> bool {
+        if !self.mjit_on {
+            let mut on = [0u8];
+            self.mjit_on = self
+                .mjit
+                .is_some_and(|at| self.process.read(at, &mut on).is_ok() && on[0] != 0);
+        }
+        self.mjit_on
     }
 
     /// Names the frames of one sample taken at GC time `sample`: first from
@@ -188,7 +263,16 @@ impl Resolver {
         sample: SampleTime,
     ) -> Vec<Result<Frame, Unknown>> {
         self.now = None;
-        let mut out: Vec<_> = frames.iter().map(|f| self.frame(f, sample)).collect();
+        self.old_at_sample = old_objects(frames);
+        let mjit = self.mjit_running();
+        let trust: Vec<PcTrust> = (0..frames.len())
+            .map(|i| PcTrust::of(&frames[i], i == 0, mjit))
+            .collect();
+        let mut out: Vec<_> = frames
+            .iter()
+            .zip(&trust)
+            .map(|(f, &t)| self.frame(f, t, sample))
+            .collect();
         // A GC's unsettled moments (between counting itself and marking, at
         // its very end) last microseconds: wait them out here, as later the
         // objects may be gone. Compaction takes longer: the caller retries.
@@ -199,7 +283,7 @@ impl Resolver {
                 self.now = Some(before.time);
                 let fresh: Vec<_> = (0..frames.len())
                     .filter(|&i| out[i] == Err(Unknown::NotYet))
-                    .map(|i| (i, self.frame(&frames[i], sample)))
+                    .map(|i| (i, self.frame(&frames[i], trust[i], sample)))
                     .collect();
                 self.now = None;
                 let after = self.read_clock();
@@ -255,7 +339,8 @@ impl Resolver {
             }
             if matches!(out[i], Err(Unknown::Unreadable | Unknown::Collected)) {
                 self.now = None;
-                out[i] = match self.frame(f, before) {
+                let trust = PcTrust::of(f, i == 0, self.mjit_on);
+                out[i] = match self.frame(f, trust, before) {
                     Ok(frame) if frame.line.is_some() => Ok(frame),
                     _ => Err(Unknown::Unreadable),
                 };
@@ -296,6 +381,7 @@ impl Resolver {
         self.methods.commit();
         self.classes.commit();
         self.lines.extend(self.pending_lines.drain(..));
+        self.single_lines.extend(self.pending_single_lines.drain(..));
         self.names.extend(self.pending_names.drain(..));
     }
 
@@ -304,54 +390,54 @@ impl Resolver {
         self.methods.roll_back();
         self.classes.roll_back();
         self.pending_lines.clear();
+        self.pending_single_lines.clear();
         self.pending_names.clear();
     }
 
-    fn frame(&mut self, f: &types::rprof_frame, sample: SampleTime) -> Result<Frame, Unknown> {
+    fn frame(
+        &mut self,
+        f: &types::rprof_frame,
+        trust: PcTrust,
+        sample: SampleTime,
+    ) -> Result<Frame, Unknown> {
+        if f.flags & types::rprof_frame_flags::RPROF_FRAME_IFUNC.0 != 0 {
+            // A block written in C: Ruby's backtraces leave it out.
+            return Err(Unknown::NotAFrame);
+        }
         if f.iseq != 0 {
-            self.ruby_frame(f.iseq, f.pc, f.cme, sample)
+            self.ruby_frame(f.iseq, f.pc, f.cme, trust, sample)
         } else {
             self.cfunc_label(f.cme, sample).map(Frame::cmethod)
         }
     }
 
-    fn ruby_frame(&mut self, addr: u64, pc: u64, cme: u64, sample: SampleTime) -> Result<Frame, Unknown> {
-        if pc == 0 {
-            return self.frame_without_pc(addr, cme, sample);
-        }
-        let (iseq, serial, current) = self.iseq(addr, sample)?;
-        // The interpreter keeps a frame's pc in its iseq's code, past the
-        // instruction running. YJIT writes it lazily, so a frame it runs may
-        // hold a pc left by an earlier frame in that slot, or the start of
-        // its code if it never wrote one: the frame is this iseq's (the GC
-        // time shows it), but its line is unknown.
-        let line = if iseq.contains(pc) && pc != iseq.encoded {
+    fn ruby_frame(
+        &mut self,
+        addr: u64,
+        pc: u64,
+        cme: u64,
+        trust: PcTrust,
+        sample: SampleTime,
+    ) -> Result<Frame, Unknown> {
+        let (iseq, serial, current) = match self.iseq(addr, sample) {
+            Ok(found) => found,
+            // No iseq and no pc: a block written in C (an ifunc), which
+            // Ruby's backtraces leave out, and so does rprof.
+            Err(Unknown::Unreadable) if pc == 0 => return Err(Unknown::NotAFrame),
+            Err(e) => return Err(e),
+        };
+        let line = if trust.line_from(pc, &iseq) {
             Some(self.line(&iseq, serial, current, pc)?)
         } else {
-            None
+            // The pc says nothing (a JIT's running frame, a frame YJIT
+            // entered without writing one): a line only if the iseq has
+            // just one, never a guessed one.
+            self.single_line(&iseq, serial, current)?
         };
         let owner = self.owner(cme, sample)?;
         let label = self.iseq_label(owner, addr, sample, 0)?;
         Ok(Frame {
             line,
-            ..Frame::code(label, iseq.path.clone(), 0)
-        })
-    }
-
-    /// A frame with an iseq slot but no pc: a block written in C (an ifunc,
-    /// which Ruby's backtraces leave out, and so does rprof), or a method or
-    /// block YJIT entered without writing its pc (it does so lazily): named,
-    /// but with no line rather than a guessed one.
-    fn frame_without_pc(&mut self, addr: u64, cme: u64, sample: SampleTime) -> Result<Frame, Unknown> {
-        let iseq = match self.iseq(addr, sample) {
-            Ok((iseq, _, _)) => iseq,
-            Err(Unknown::Unreadable) => return Err(Unknown::NotAFrame),
-            Err(e) => return Err(e),
-        };
-        let owner = self.owner(cme, sample)?;
-        let label = self.iseq_label(owner, addr, sample, 0)?;
-        Ok(Frame {
-            line: None,
             ..Frame::code(label, iseq.path.clone(), 0)
         })
     }
@@ -383,6 +469,25 @@ impl Resolver {
         }
         let line = self.memory.line_of(iseq, pc).ok_or(Unknown::Unreadable)?;
         self.pending_lines.push(((serial, pc), line));
+        Ok(line)
+    }
+
+    /// The line all of an iseq's instructions sit on, if they sit on one.
+    fn single_line(&mut self, iseq: &Iseq, serial: u64, current: bool) -> Result<Option<u32>, Unknown> {
+        if let Some(&line) = self.single_lines.get(&serial) {
+            return Ok(line);
+        }
+        if let Some((_, line)) = self.pending_single_lines.iter().find(|(k, _)| *k == serial) {
+            return Ok(*line);
+        }
+        if self.now.is_none() {
+            return Err(Unknown::NotYet);
+        }
+        if !current {
+            return Err(Unknown::Collected);
+        }
+        let line = self.memory.single_line(iseq);
+        self.pending_single_lines.push((serial, line));
         Ok(line)
     }
 
@@ -486,6 +591,7 @@ impl Resolver {
     }
 
     fn iseq(&mut self, addr: u64, sample: SampleTime) -> Lookup<Rc<Iseq>> {
+        let sample = sample.of_object(self.old_at_sample.contains(&addr));
         lookup(
             &mut self.iseqs,
             &self.log,
@@ -499,6 +605,7 @@ impl Resolver {
     }
 
     fn method(&mut self, addr: u64, sample: SampleTime) -> Lookup<Option<MethodEntry>> {
+        let sample = sample.of_object(self.old_at_sample.contains(&addr));
         lookup(
             &mut self.methods,
             &self.log,
@@ -525,6 +632,21 @@ impl Resolver {
     }
 }
 
+/// The iseqs and method entries BPF saw old when it sent the sample's record.
+fn old_objects(frames: &[types::rprof_frame]) -> HashSet<u64> {
+    use types::rprof_frame_flags as F;
+    let mut old = HashSet::new();
+    for f in frames {
+        if f.flags & F::RPROF_FRAME_ISEQ_OLD.0 != 0 {
+            old.insert(f.iseq);
+        }
+        if f.flags & F::RPROF_FRAME_CME_OLD.0 != 0 {
+            old.insert(f.cme);
+        }
+    }
+    old
+}
+
 /// The fact about `addr` for a sample of time `sample`: a known one that
 /// describes it, or, while reads are allowed (`now`), a new reading, kept
 /// pending and used only if the object cannot have changed since the sample.
@@ -540,6 +662,7 @@ fn lookup<T: Clone>(
     sample: SampleTime,
     read: impl FnOnce(&Memory, Header) -> Option<T>,
 ) -> Lookup<T> {
+    let sample = now.map_or(sample, |now| sample.no_later_than(now));
     if let Some(found) = facts.get(addr, sample, now, log) {
         return Ok((found.value.clone(), found.serial, found.current));
     }
@@ -549,7 +672,7 @@ fn lookup<T: Clone>(
     let header = memory.header(addr).ok_or(Unknown::Unreadable)?;
     let stamp = Stamp::read_at(now, header.old);
     // Whatever is at the address now may not be what the sample saw.
-    if !sample.holds(|t| stamp.describes(log, t)) {
+    if !sample.holds(|t| stamp.describes(log, t, sample.old)) {
         return Err(Unknown::Collected);
     }
     let value = read(memory, header).ok_or(Unknown::Unreadable)?;

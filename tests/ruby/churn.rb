@@ -8,12 +8,15 @@
 # Generation N is compiled as file "gen_N.rb" starting at line N, so every
 # frame tells which method it belongs to twice: by its name (Churn#churn_N,
 # block (k levels) in Churn#churn_N) and by its file and line (gen_N.rb, lines
-# N..N+3). The test checks that the two always agree.
+# N..N+7). The test checks that the two always agree, and that every frame has
+# its line (the one-line block at N+4 is where a line is easiest to lose).
 #
 # ARGV: [work per call] [calls per generation] [generations between GC.compact]
+# ["twin": a forked twin churns too, so that the target keeps both CPUs busy]
 WORK = Integer(ARGV[0] || 3000)
 CALLS = Integer(ARGV[1] || 30)
 COMPACT_EVERY = Integer(ARGV[2] || 25)
+TWIN = ARGV[3] == "twin"
 
 class Churn
   def run
@@ -25,7 +28,8 @@ class Churn
         def #{name}(n)
           [1].each do
             [2].each do
-              x = 0; x += 1 while x < n; x
+              x = 0; x += 1 while x < n
+              acc = 0; (n / 2).times { |k| acc ^= k * n }; x + acc
             end
           end
         end
@@ -39,4 +43,9 @@ end
 
 $stdout.puts "ready"
 $stdout.flush
+parent = Process.pid
+if TWIN && fork.nil?
+  # The twin ends with its parent (the test stops only the process it started).
+  Thread.new { sleep 0.1 while Process.ppid == parent; exit! }
+end
 Churn.new.run

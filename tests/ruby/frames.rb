@@ -1,6 +1,6 @@
 # Frames rprof must name exactly as Ruby does, on every Ruby (2.7 syntax).
 # A line ending in a HOT tag names the label that spends its time there.
-# ARGV[0] picks what runs: lines, cfuncs, eval, callers, churn.
+# ARGV[0] picks what runs: lines, blocks, cfuncs, eval, callers, churn.
 
 module Tools
   module Mixin
@@ -25,6 +25,32 @@ module Tools
         x = 0
         x += 1 while x < n # HOT block in Tools::Grinder#spin
       end
+    end
+
+    # One-line blocks whose frame is the leaf: much of their time is spent
+    # before their first instruction runs (the pc at the iseq's start).
+    def spin_inject(n)
+      (0...n).inject(0) { |acc, x| acc + (x * 3) } # HOT(blocks) block in Tools::Grinder#spin_inject
+    end
+
+    def spin_each(n)
+      acc = 0
+      (0...n).each { |x| acc += x * 3 } # HOT(blocks) block in Tools::Grinder#spin_each
+      acc
+    end
+
+    def spin_times(n)
+      acc = 0
+      n.times { |k| acc ^= k * n } # HOT(blocks) block in Tools::Grinder#spin_times
+      acc
+    end
+
+    # A method that has set $~ (a regexp match) keeps it in an svar, which
+    # takes its method entry's place in its frame: still Grinder's method.
+    def spin_match(n)
+      x = "grind" =~ /in/
+      x += 1 while x < n # HOT Tools::Grinder#spin_match
+      x
     end
 
     def deep_block(n)
@@ -58,9 +84,19 @@ def lines
     g = Tools::Grinder.build(n)
     g.spin(n)
     g.deep_block(n)
+    g.spin_match(n)
     g.mixed(n)
     Tools::Grinder.helper(n)
     toplevel(n)
+  end
+end
+
+def blocks
+  g = Tools::Grinder.new
+  loop do
+    g.spin_inject(300_000)
+    g.spin_each(300_000)
+    g.spin_times(300_000)
   end
 end
 
@@ -122,6 +158,7 @@ else
   $stdout.flush
   case ARGV[0]
   when "lines" then lines
+  when "blocks" then blocks
   when "cfuncs" then cfuncs
   when "eval" then eval_loop
   when "churn" then churn
