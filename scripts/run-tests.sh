@@ -11,7 +11,11 @@ status=${PIPESTATUS[0]}
 echo
 echo "make test: one line per suite"
 awk '
-    /^ *Running /  { suite = $2; sub(/^.*\//, "", suite) }
+    /^ *Running /  {
+        suite = $2; sub(/^.*\//, "", suite)
+        # "Running unittests src/lib.rs (target/release/deps/NAME-HASH)"
+        if (suite == "unittests") { suite = $4; sub(/^.*\//, "", suite); sub(/-[0-9a-f]+\)$/, "", suite); suite = "unit tests " suite }
+    }
     /^ *Doc-tests / { suite = "doc-tests " $2 }
     /^test .* \.\.\. FAILED$/ { failed[suite] = failed[suite] "\n    failed: " $2 }
     /^test result:/ {
