@@ -66,6 +66,9 @@ const BUSY_WAIT: Duration = Duration::from_millis(2);
 
 type Lookup<T> = Result<(T, u64, bool), Unknown>;
 
+/// The key in `Resolver::lines` of an iseq's one line (no pc is 0).
+const WHOLE_ISEQ: u64 = 0;
+
 /// What a Ruby frame's pc says about its line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum PcTrust {
@@ -112,13 +115,10 @@ pub struct Resolver {
     /// has a cref there).
     methods: Facts<Option<MethodEntry>>,
     classes: Facts<Rc<Class>>,
-    /// Lines by (serial of the iseq reading, pc), committed and pending.
-    lines: HashMap<(u64, u64), u32>,
-    pending_lines: Vec<((u64, u64), u32)>,
-    /// The one line every instruction of an iseq sits on, if there is one,
-    /// by the serial of the iseq reading; committed and pending.
-    single_lines: HashMap<u64, Option<u32>>,
-    pending_single_lines: Vec<(u64, Option<u32>)>,
+    /// Lines by (serial of the iseq reading, pc or `WHOLE_ISEQ`), committed
+    /// and pending.
+    lines: HashMap<(u64, u64), Option<u32>>,
+    pending_lines: Vec<((u64, u64), Option<u32>)>,
     /// Where `mjit_opts.on` is (Ruby 2.7 to 3.1), and whether it was seen on.
     mjit: Option<u64>,
     mjit_on: bool,
@@ -162,8 +162,6 @@ impl Resolver {
             classes: Facts::default(),
             lines: HashMap::new(),
             pending_lines: Vec::new(),
-            single_lines: HashMap::new(),
-            pending_single_lines: Vec::new(),
             mjit,
             mjit_on: false,
             old_at_sample: HashSet::new(),
@@ -193,8 +191,6 @@ impl Resolver {
             classes: self.classes.forked(at),
             lines: HashMap::new(),
             pending_lines: Vec::new(),
-            single_lines: HashMap::new(),
-            pending_single_lines: Vec::new(),
             mjit: self.mjit,
             mjit_on: self.mjit_on,
             old_at_sample: HashSet::new(),
@@ -209,12 +205,6 @@ impl Resolver {
             .lines
             .iter()
             .filter(|((serial, _), _)| live.contains(serial))
-            .map(|(&k, &v)| (k, v))
-            .collect();
-        resolver.single_lines = self
-            .single_lines
-            .iter()
-            .filter(|(serial, _)| live.contains(serial))
             .map(|(&k, &v)| (k, v))
             .collect();
         resolver.tick();
@@ -240,7 +230,6 @@ impl Resolver {
         self.classes.tick(r.time, &self.log);
         let live: HashSet<u64> = self.iseqs.serials().collect();
         self.lines.retain(|(serial, _), _| live.contains(serial));
-        self.single_lines.retain(|serial, _| live.contains(serial));
     }
 
     /// Whether MJIT runs this process's code: set at boot, never cleared.
@@ -381,7 +370,6 @@ impl Resolver {
         self.methods.commit();
         self.classes.commit();
         self.lines.extend(self.pending_lines.drain(..));
-        self.single_lines.extend(self.pending_single_lines.drain(..));
         self.names.extend(self.pending_names.drain(..));
     }
 
@@ -390,7 +378,6 @@ impl Resolver {
         self.methods.roll_back();
         self.classes.roll_back();
         self.pending_lines.clear();
-        self.pending_single_lines.clear();
         self.pending_names.clear();
     }
 
@@ -427,12 +414,14 @@ impl Resolver {
             Err(e) => return Err(e),
         };
         let line = if trust.line_from(pc, &iseq) {
-            Some(self.line(&iseq, serial, current, pc)?)
+            self.line(serial, pc, current, |m| {
+                m.line_of(&iseq, pc).map(Some).ok_or(Unknown::Unreadable)
+            })?
         } else {
             // The pc says nothing (a JIT's running frame, a frame YJIT
             // entered without writing one): a line only if the iseq has
             // just one, never a guessed one.
-            self.single_line(&iseq, serial, current)?
+            self.line(serial, WHOLE_ISEQ, current, |m| Ok(m.single_line(&iseq)))?
         };
         let owner = self.owner(cme, sample)?;
         let label = self.iseq_label(owner, addr, sample, 0)?;
@@ -452,42 +441,31 @@ impl Resolver {
         }
     }
 
-    fn line(&mut self, iseq: &Iseq, serial: u64, current: bool, pc: u64) -> Result<u32, Unknown> {
+    /// A line of the iseq reading `serial`: the line of `pc`, or with
+    /// `WHOLE_ISEQ` the one line all its instructions sit on, if they do.
+    /// Cached per reading, and read only while that reading still describes
+    /// the present (the line table belongs to the object read).
+    fn line(
+        &mut self,
+        serial: u64,
+        pc: u64,
+        current: bool,
+        read: impl FnOnce(&Memory) -> Result<Option<u32>, Unknown>,
+    ) -> Result<Option<u32>, Unknown> {
         if let Some(&line) = self.lines.get(&(serial, pc)) {
             return Ok(line);
         }
         if let Some((_, line)) = self.pending_lines.iter().find(|(k, _)| *k == (serial, pc)) {
             return Ok(*line);
         }
-        // The line table belongs to the object read: read it only while that
-        // reading still describes the present.
         if self.now.is_none() {
             return Err(Unknown::NotYet);
         }
         if !current {
             return Err(Unknown::Collected);
         }
-        let line = self.memory.line_of(iseq, pc).ok_or(Unknown::Unreadable)?;
+        let line = read(&self.memory)?;
         self.pending_lines.push(((serial, pc), line));
-        Ok(line)
-    }
-
-    /// The line all of an iseq's instructions sit on, if they sit on one.
-    fn single_line(&mut self, iseq: &Iseq, serial: u64, current: bool) -> Result<Option<u32>, Unknown> {
-        if let Some(&line) = self.single_lines.get(&serial) {
-            return Ok(line);
-        }
-        if let Some((_, line)) = self.pending_single_lines.iter().find(|(k, _)| *k == serial) {
-            return Ok(*line);
-        }
-        if self.now.is_none() {
-            return Err(Unknown::NotYet);
-        }
-        if !current {
-            return Err(Unknown::Collected);
-        }
-        let line = self.memory.single_line(iseq);
-        self.pending_single_lines.push((serial, line));
         Ok(line)
     }
 
