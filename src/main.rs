@@ -6,6 +6,7 @@ mod disasm;
 mod elf;
 mod error;
 mod gc_time;
+mod heap_log;
 mod launch;
 mod process;
 mod processes;

@@ -18,6 +18,7 @@ use crate::bpf::{self, types, Probe, Record, Sample, Stats};
 use crate::cli::Format;
 use crate::error::UserError;
 use crate::gc_time::{GcTime, SampleTime};
+use crate::heap_log::HeapLog;
 use crate::launch::{self, StopSignals};
 use crate::process::Process;
 use crate::processes::{Counts, Followed, ProcessId, Processes};
@@ -95,6 +96,8 @@ struct Sinks {
     raw: Option<PathBuf>,
     rotation: Option<Rotation>,
     flight: Option<FlightRecorder>,
+    /// RPROF_HEAP_LOG: rprof's own heap, epoch by epoch.
+    heap: Option<HeapLog>,
     /// The stream the output is rendered from, if not written by then.
     render_from: Option<usize>,
 }
@@ -121,6 +124,9 @@ impl Sinks {
         }
         if let Some(f) = &mut self.flight {
             f.epoch(counts, totals)?;
+        }
+        if let Some(h) = &mut self.heap {
+            h.epoch(Duration::from_nanos(counts.end_ns))?;
         }
         Ok(())
     }
@@ -470,6 +476,7 @@ fn open_sinks(
         raw: cfg.raw.clone(),
         rotation: None,
         flight: None,
+        heap: HeapLog::from_env()?,
         render_from: None,
     };
     if let Some(raw) = &cfg.raw {

@@ -435,8 +435,13 @@ struct Background {
 
 impl Background {
     fn start(args: &[&str]) -> Background {
+        Self::start_with_env(args, &[])
+    }
+
+    fn start_with_env(args: &[&str], env: &[(&str, &Path)]) -> Background {
         let mut child = Command::new(RPROF)
             .args(args)
+            .envs(env.iter().copied())
             .stderr(Stdio::piped())
             .spawn()
             .expect("start rprof");
@@ -704,17 +709,19 @@ fn flight_recorder_writes_its_window_on_sigusr2_and_at_the_end() {
     }
 }
 
-/// rprof's anonymous resident memory (its heap), in kB: the rest of its
-/// RSS is the BPF maps and the binary, which do not change.
-fn heap_kb(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find_map(|l| l.strip_prefix("RssAnon:"))
-                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        })
-        .unwrap_or(0)
+/// The most rprof's live heap reached in each third of `seconds`, in kB,
+/// from the log RPROF_HEAP_LOG asked it to write (one line per epoch:
+/// milliseconds, bytes).
+fn heap_thirds(log: &Path, seconds: u64) -> [u64; 3] {
+    let text = std::fs::read_to_string(log).expect("RPROF_HEAP_LOG");
+    let mut thirds = [0; 3];
+    for line in text.lines() {
+        let (ms, bytes) = line.split_once(' ').expect("MILLISECONDS BYTES");
+        let (ms, bytes): (u64, u64) = (ms.parse().expect("ms"), bytes.parse().expect("bytes"));
+        let third = ((ms * 3 / (seconds * 1000)) as usize).min(2);
+        thirds[third] = thirds[third].max(bytes / 1024);
+    }
+    thirds
 }
 
 /// The modes of the memory test: a plain recording (the witness), which
@@ -726,18 +733,15 @@ const MEMORY_MODES: [&[&str]; 3] = [
 ];
 
 /// Each of `MEMORY_MODES` recording `target` at 999 Hz for `seconds`, all at
-/// once (so they see the same code): for each, the most its heap reached in
-/// each third of the time (in the second, its first parts are written and
-/// the allocator warmed up by the peaks of writing them).
+/// once (so they see the same code): for each, the most its live heap
+/// reached in each third of the time.
 fn heap_under_churn(target: &Target, dir: &Path, seconds: u64) -> Vec<[u64; 3]> {
     let pid = target.pid.to_string();
     let duration = seconds.to_string();
     let mut running = Vec::new();
     for args in MEMORY_MODES {
-        let out = dir.join(format!(
-            "out-{}",
-            args.first().unwrap_or(&"plain").trim_start_matches('-')
-        ));
+        let name = args.first().unwrap_or(&"plain").trim_start_matches('-');
+        let out = dir.join(format!("out-{name}"));
         let out = format!(
             "{}{}",
             out.display(),
@@ -747,59 +751,61 @@ fn heap_under_churn(target: &Target, dir: &Path, seconds: u64) -> Vec<[u64; 3]> 
             "record", "-p", &pid, "-F", "999", "-d", &duration, "--format", "folded", "-o", &out,
         ];
         all.extend_from_slice(args);
-        running.push(Background::start(&all));
+        let log = dir.join(format!("heap-{name}"));
+        running.push((Background::start_with_env(&all, &[("RPROF_HEAP_LOG", &log)]), log));
     }
-    let started = Instant::now();
-    let mut heaps = vec![[0; 3]; running.len()];
-    while started.elapsed() < Duration::from_secs(seconds) - Duration::from_millis(500) {
-        std::thread::sleep(Duration::from_millis(250));
-        let third = ((started.elapsed().as_secs() * 3 / seconds) as usize).min(2);
-        for (rprof, heap) in running.iter().zip(&mut heaps) {
-            heap[third] = heap[third].max(heap_kb(rprof.child.id()));
-        }
-    }
-    for rprof in running {
-        let (success, stderr) = rprof.finish();
-        assert!(success, "{stderr}");
-    }
-    assert!(heaps.iter().all(|heap| heap.iter().all(|&kb| kb > 0)));
-    heaps
+    running
+        .into_iter()
+        .map(|(rprof, log)| {
+            let (success, stderr) = rprof.finish();
+            assert!(success, "{stderr}");
+            let heap = heap_thirds(&log, seconds);
+            assert!(heap.iter().all(|&kb| kb > 0), "{log:?}: {heap:?}");
+            heap
+        })
+        .collect()
 }
 
 /// A shortened run of what BENCHMARKS.md measures for an hour: under code
 /// churn (a new method in a new file every few milliseconds, GC.compact),
-/// --rotate and --flight-recorder keep rprof's memory flat. A plain
-/// recording, which keeps every distinct frame for its output, grows in the
-/// same run (0.7 to 27 MB in 16 s seen): the measure sees growth of that size.
+/// --rotate and --flight-recorder keep rprof's memory flat, while a plain
+/// recording (the witness), which keeps every distinct frame for its output,
+/// grows.
 ///
-/// The target starts with the recordings: churn.rb churns fastest when it
-/// is new (5,000 methods a second, falling to 1,500 in 40 s as Ruby's heap
-/// grows), so a bounded mode meets its heaviest window first and any later
-/// growth is its own. Started on an older target, whose load comes and goes,
-/// the allocator's high-water mark stepped up by 150 to 190 kB in 1 run in 3
-/// while the live heap (mallinfo2) did not grow.
+/// Measured is the live heap (RPROF_HEAP_LOG), not resident memory: the
+/// allocator keeps what fragmentation costs, which steps up now and then and
+/// stays up. With a CPU burner on the machine, a flight recorder's RSS
+/// stepped from 8,220 to 9,548 kB after 32 s in one run; in another, from
+/// 4,984 to 9,672 kB between 10 and 18 s while its live heap's peak per
+/// 10 s stayed between 3,070 and 5,220 kB (BENCHMARKS.md).
+///
+/// What a bounded mode holds follows the target's code churn, which follows
+/// the CPU the target gets: on a busy machine the most held in one third
+/// of the run exceeded that of the third before by up to 77 kB (7 runs, 4 of
+/// them with a CPU burner), and by 1,322 kB from the first third to the
+/// second, when the target got little CPU at first. So the later thirds
+/// are compared, and the growth allowed is measured against the witness's
+/// in the same 16 s (2,823 to 4,151 kB in those runs): a bounded mode that
+/// kept a tenth of what the witness keeps per frame fails.
 #[test]
 fn rotation_and_flight_recorder_memory_stays_flat_under_code_churn() {
     let target = Ruby::named("3.3").spawn("churn.rb", &["2000", "5", "20"]);
     let dir = tempfile::tempdir().expect("tempdir");
     let heaps = heap_under_churn(&target, dir.path(), 48);
     for (args, [first, early, late]) in MEMORY_MODES.iter().zip(&heaps) {
-        eprintln!("{args:?}: heap at most {first} kB up to 16 s, {early} kB to 32 s, {late} kB after");
+        eprintln!("{args:?}: live heap at most {first} kB up to 16 s, {early} kB to 32 s, {late} kB after");
     }
-    // Growth of twice what the others may show is seen. The witness is
-    // measured over 32 s, not 16: its tables grow by doubling, and the
-    // allocator hands the old table's memory to the next frames, so its
-    // RSS may stand still for a while (seen: 8,004 kB from 16 to 48 s in
-    // one run) but not for twice as long as it took to grow.
-    let [first, _, late] = heaps[0];
+    let [_, early, late] = heaps[0];
+    let kept = late.saturating_sub(early);
     assert!(
-        late > first + 256,
-        "the witness grows: {first} kB up to 16 s, then {late} kB"
+        kept >= 1024,
+        "the witness grows: {early} kB up to 32 s, then {late} kB"
     );
     for (args, &[_, early, late]) in MEMORY_MODES.iter().zip(&heaps).skip(1) {
         assert!(
-            late <= early + 128,
-            "{args:?}: memory grows under churn: {early} kB from 16 to 32 s, {late} kB later"
+            late <= early + kept / 10,
+            "{args:?}: memory grows under churn: {early} kB from 16 to 32 s, {late} kB later \
+             (a plain recording grew by {kept} kB)"
         );
     }
     let kept = parts(&dir.path().join("out-rotate"));
