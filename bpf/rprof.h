@@ -44,6 +44,15 @@ struct rprof_thread_key {
 	__u64 tp; /* thread pointer: pthread_self() */
 };
 
+/* One thread of the process the `thread_pointers` iterator was asked about:
+ * what userspace needs to follow the recipe from that thread's own TLS, as
+ * BPF does, before the first sample. */
+struct rprof_thread_pointer {
+	__u32 tid;
+	__u32 pad;
+	__u64 tp; /* the thread pointer (fs base) */
+};
+
 /* A process's start, as /proc/PID/stat gives it: boot time in clock ticks
  * (USER_HZ, 100 a second). With the PID, it names one process: a PID is
  * reused only by a process started later. */

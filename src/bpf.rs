@@ -11,7 +11,10 @@ use std::time::Duration;
 
 use anyhow::{anyhow, Context, Result};
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
-use libbpf_rs::{Link, MapCore, MapFlags, RingBuffer, RingBufferBuilder, TracepointCategory, TracepointOpts};
+use libbpf_rs::{
+    Iter, IterOpts, Link, MapCore, MapFlags, RingBuffer, RingBufferBuilder, TracepointCategory,
+    TracepointOpts,
+};
 
 #[allow(clippy::all, clippy::pedantic, non_camel_case_types, dead_code)]
 mod skel {
@@ -36,6 +39,7 @@ unsafe impl plain::Plain for types::rprof_unwind_row {}
 unsafe impl plain::Plain for types::rprof_unwind_rule {}
 unsafe impl plain::Plain for types::rprof_unwind_file {}
 unsafe impl plain::Plain for types::rprof_space {}
+unsafe impl plain::Plain for types::rprof_thread_pointer {}
 
 /// One stack record sent by the BPF program.
 #[derive(Debug, Clone)]
@@ -220,6 +224,37 @@ impl Probe {
         if plain::copy_from_bytes(&mut recipe, &bytes).is_ok() && recipe.start_ticks == start_ticks {
             let _ = self.skel.maps.procs.delete(&key);
         }
+    }
+
+    /// (tid, thread pointer) of each thread of process `pid`, from the
+    /// kernel's task structs: the process is neither stopped nor touched.
+    pub fn thread_pointers(&self, pid: u32) -> Result<Vec<(u32, u64)>> {
+        self.skel
+            .maps
+            .iter_tgid
+            .update(&0u32.to_ne_bytes(), &pid.to_ne_bytes(), MapFlags::ANY)
+            .context("choosing the process whose threads to list")?;
+        let link = self
+            .skel
+            .progs
+            .thread_pointers
+            .attach_iter_with_opts(IterOpts::None)
+            .context("attaching the task iterator")?;
+        let mut bytes = Vec::new();
+        std::io::Read::read_to_end(
+            &mut Iter::new(&link).context("opening the task iterator")?,
+            &mut bytes,
+        )
+        .context("listing the threads of a process")?;
+        let size = size_of::<types::rprof_thread_pointer>();
+        Ok(bytes
+            .chunks_exact(size)
+            .filter_map(|chunk| {
+                let mut t = types::rprof_thread_pointer::default();
+                plain::copy_from_bytes(&mut t, chunk).ok()?;
+                Some((t.tid, t.tp))
+            })
+            .collect())
     }
 
     /// Replaces the native thread -> rb_thread_t entries of process `pid`.

@@ -129,7 +129,8 @@ pub struct RecordArgs {
     #[arg(long, global = true)]
     pub kernel: bool,
 
-    /// Use the struct layout of this Ruby version for a version rprof does not know.
+    /// Use the struct layout of this Ruby version for a version rprof does not
+    /// know (only if it passes the layout proof on the process).
     #[arg(long, global = true, value_name = "VERSION")]
     pub force_version: Option<String>,
 

@@ -13,6 +13,14 @@ pub enum UserError {
     #[error("{0}")]
     UnsupportedVersion(#[from] LayoutError),
 
+    #[error("process {pid} runs {description}, which rprof's Ruby {layout} layout does not fit ({check}): rprof will not guess; try another layout with --force-version X.Y, and please report it")]
+    LayoutRefused {
+        pid: u32,
+        description: String,
+        layout: String,
+        check: String,
+    },
+
     #[error("--force-version {given:?} is not a Ruby version: give one like 3.3")]
     BadForcedVersion { given: String },
 

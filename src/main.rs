@@ -10,6 +10,7 @@ mod heap_log;
 mod launch;
 mod process;
 mod processes;
+mod proof;
 mod record;
 mod recording;
 mod resolve;

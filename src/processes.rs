@@ -13,8 +13,10 @@ use std::time::{Duration, Instant};
 use anyhow::Result;
 
 use crate::bpf::{types, Probe};
+use crate::error::UserError;
 use crate::gc_time::GcTime;
 use crate::process::Process;
+use crate::proof::{self, Failure};
 use crate::resolve::Resolver;
 use crate::target::RubyTarget;
 use crate::unwind::Unwinder;
@@ -54,6 +56,9 @@ pub struct Followed {
     profiled: bool,
     /// 2 for the second process on this PID in the recording, and so on.
     nth: u32,
+    /// While its Ruby is looked for: since when, and why, its layout has
+    /// not fit.
+    refusal: Option<(Instant, String)>,
 }
 
 impl Followed {
@@ -69,6 +74,7 @@ impl Followed {
             ended_at_sweep: false,
             profiled: false,
             nth,
+            refusal: None,
         }
     }
 
@@ -98,6 +104,8 @@ pub struct Counts {
     pub followed: u64,
     /// Followed processes that ended.
     pub ended: u64,
+    /// Processes whose Ruby rprof's layout does not fit: not profiled.
+    pub refused: u64,
 }
 
 pub struct Processes {
@@ -111,7 +119,12 @@ pub struct Processes {
     pids: PidUses,
     /// --native: the unwind tables and address spaces of the processes.
     pub native: Option<Unwinder>,
+    /// The processes refused (`PID (ruby_description): why`), first ones.
+    pub refused: Vec<String>,
 }
+
+/// Refused processes named in the summary; the rest are counted.
+const REFUSED_NAMED: usize = 5;
 
 /// How many processes the recording met on each PID. A byte per PID up to the
 /// highest met (so at most the system's `pid_max` bytes, 4 MB with systemd's
@@ -141,6 +154,39 @@ impl PidUses {
     }
 }
 
+/// Proves `target`'s layout from its threads' own thread pointers.
+fn prove(probe: &Probe, target: &RubyTarget, within: Duration) -> Result<(), Failure> {
+    let started = Instant::now();
+    proof::prove(
+        target,
+        || probe.thread_pointers(target.process.pid).unwrap_or_default(),
+        within,
+    )?;
+    // RPROF_SAY_PROVEN: what the proof costs (BENCHMARKS.md).
+    if std::env::var_os("RPROF_SAY_PROVEN").is_some() {
+        eprintln!(
+            "rprof: layout proven for process {} in {:.2} ms",
+            target.process.pid,
+            started.elapsed().as_secs_f64() * 1e3
+        );
+    }
+    Ok(())
+}
+
+/// What the user is told about a process whose layout did not fit.
+fn refusal(target: &RubyTarget, Failure(check): Failure) -> UserError {
+    UserError::LayoutRefused {
+        pid: target.process.pid,
+        description: target.description.clone(),
+        layout: target.layout.version.clone(),
+        check,
+    }
+}
+
+/// How long a Ruby whose VM is up may fail the layout proof (while it
+/// boots) before it is refused.
+pub const BOOT_PROOF: Duration = Duration::from_secs(2);
+
 /// How often processes waiting for their Ruby VM are looked at.
 const INSPECT_EVERY: Duration = Duration::from_millis(20);
 
@@ -155,12 +201,27 @@ impl Processes {
             counts: Counts::default(),
             ruby_versions: Default::default(),
             inspected: Instant::now(),
+            refused: Vec::new(),
         }
     }
 
     /// Profiles `target` (given with -p or started by rprof); with `follow`,
-    /// its forks too.
-    pub fn add_root(&mut self, probe: &mut Probe, target: RubyTarget, follow: bool) -> Result<()> {
+    /// its forks too. Its layout must be proven within `within` (longer for
+    /// a process rprof started, whose VM is still booting).
+    pub fn add_root(
+        &mut self,
+        probe: &mut Probe,
+        target: RubyTarget,
+        follow: bool,
+        within: Duration,
+    ) -> Result<()> {
+        if let Err(f) = prove(probe, &target, within) {
+            // One that ended meanwhile (a short command rprof started) is
+            // not refused: nothing of it will be read.
+            if target.process.is_alive_since(target.start_ticks) {
+                return Err(refusal(&target, f).into());
+            }
+        }
         let id = ProcessId {
             pid: target.process.pid,
             start_ticks: target.start_ticks,
@@ -196,11 +257,16 @@ impl Processes {
             probe.follow(pid, start_ticks)?;
             self.counts.followed += 1;
             match RubyTarget::inspect(pid, self.force_version.as_deref()) {
-                Ok(target) if target.ready() && target.start_ticks == start_ticks => {
+                Ok(target)
+                    if target.ready()
+                        && target.start_ticks == start_ticks
+                        && prove(probe, &target, proof::ATTEMPTS_FOR).is_ok() =>
+                {
                     let resolver = Resolver::new(&target);
                     self.start_profiling(probe, id, lineage, Ruby { target, resolver }, None)?;
                 }
-                // Not a Ruby, or one still starting: looked at again for a while.
+                // Not a Ruby, one still starting, or one whose layout did not
+                // fit (yet): looked at again for a while, and refused then.
                 _ => {
                     let nth = self.nth(id);
                     self.live.insert(pid, Followed::waiting(id, nth, lineage, true));
@@ -219,6 +285,13 @@ impl Processes {
         self.live
             .insert(id.pid, Followed::waiting(id, nth, Vec::new(), true));
         Ok(())
+    }
+
+    fn note_refused(&mut self, why: String) {
+        self.counts.refused += 1;
+        if self.refused.len() < REFUSED_NAMED {
+            self.refused.push(why);
+        }
     }
 
     /// Which process on its PID `id` is: 1 for the first the recording meets.
@@ -279,6 +352,7 @@ impl Processes {
                 ended_at_sweep: false,
                 profiled: true,
                 nth,
+                refusal: None,
             },
         );
         Ok(())
@@ -434,23 +508,40 @@ impl Processes {
             return Ok(());
         }
         self.inspected = now;
+        let mut refused = Vec::new();
         let pending: Vec<(ProcessId, Vec<String>)> = self
             .live
             .values_mut()
             .filter(|f| f.inspect_until.is_some())
             .filter_map(|f| {
-                if f.inspect_until.is_some_and(|t| now > t) {
+                let refused_for = f.refusal.as_ref().map(|(since, _)| now - *since);
+                if f.inspect_until.is_some_and(|t| now > t) || refused_for.is_some_and(|d| d > BOOT_PROOF) {
                     f.inspect_until = None; // not a Ruby rprof can read
+                    let alive = Process { pid: f.id.pid }.is_alive_since(f.id.start_ticks);
+                    refused.extend(f.refusal.take().filter(|_| alive).map(|(_, why)| why));
                     return None;
                 }
                 Some((f.id, f.lineage.clone()))
             })
             .collect();
+        for why in refused {
+            self.note_refused(why);
+        }
         for (id, lineage) in pending {
             let Ok(target) = RubyTarget::inspect(id.pid, self.force_version.as_deref()) else {
                 continue;
             };
             if target.start_ticks == id.start_ticks && target.ready() {
+                // A Ruby still booting fails some checks: it is looked at
+                // again until its time runs out, and refused then.
+                let threads = probe.thread_pointers(id.pid).unwrap_or_default();
+                if let Err(f) = proof::check(&target, &threads) {
+                    if let Some(followed) = self.get(id.pid, id.start_ticks) {
+                        let since = followed.refusal.as_ref().map_or(now, |(since, _)| *since);
+                        followed.refusal = Some((since, refusal(&target, f).to_string()));
+                    }
+                    continue;
+                }
                 let resolver = Resolver::new(&target);
                 self.start_profiling(probe, id, lineage, Ruby { target, resolver }, None)?;
             }

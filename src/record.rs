@@ -21,7 +21,8 @@ use crate::gc_time::{GcTime, SampleTime};
 use crate::heap_log::HeapLog;
 use crate::launch::{self, StopSignals};
 use crate::process::Process;
-use crate::processes::{Counts, Followed, ProcessId, Processes};
+use crate::processes::{self, Counts, Followed, ProcessId, Processes};
+use crate::proof;
 use crate::recording::continuous::{FlightRecorder, PartOutput, Rotation};
 use crate::recording::{
     self, file, write_output, Counted, EpochCounts, Event, Header, Output, RenderOptions, Summary,
@@ -240,9 +241,13 @@ pub fn record(cfg: RecordConfig) -> Result<Option<ExitStatus>> {
             child = Some(c);
         }
         Target::Command(argv) => {
-            let (c, t) = launch(argv, &cfg, &signals)?;
+            let (mut c, t) = launch(argv, &cfg, &signals)?;
             roots.push(describe(&t));
-            processes.add_root(&mut probe, t, false)?;
+            // Its VM is still booting: the proof waits for its main thread.
+            if let Err(e) = processes.add_root(&mut probe, t, false, processes::BOOT_PROOF) {
+                let _ = c.kill();
+                return Err(e);
+            }
             child = Some(c);
         }
     }
@@ -401,6 +406,16 @@ pub fn record(cfg: RecordConfig) -> Result<Option<ExitStatus>> {
         no_room,
         &written.0,
     );
+    for why in &processes.refused {
+        eprintln!("rprof: not profiled: {why}");
+    }
+    let unnamed = processes
+        .counts
+        .refused
+        .saturating_sub(processes.refused.len() as u64);
+    if unnamed > 0 {
+        eprintln!("rprof: not profiled: {unnamed} more processes whose Ruby the layout does not fit");
+    }
     match (recording_error, written) {
         (Some(e), (written, _)) => {
             let what = if written.is_empty() {
@@ -603,7 +618,7 @@ fn add_root(probe: &mut Probe, processes: &mut Processes, pid: u32, cfg: &Record
     match RubyTarget::inspect(pid, cfg.force_version.as_deref()) {
         Ok(t) => {
             let name = describe(&t);
-            processes.add_root(probe, t, cfg.subprocesses)?;
+            processes.add_root(probe, t, cfg.subprocesses, proof::ATTEMPTS_FOR)?;
             Ok(name)
         }
         Err(e)
@@ -1097,8 +1112,12 @@ fn print_summary(
 ) {
     let mut notes = Vec::new();
     if let Some(n) = followed {
+        let refused = match n.refused {
+            0 => String::new(),
+            r => format!(", {r} refused (their Ruby does not fit rprof's layout)"),
+        };
         notes.push(format!(
-            "{} processes followed, {} profiled, {} ended",
+            "{} processes followed, {} profiled{refused}, {} ended",
             n.followed, n.profiled, n.ended
         ));
     }

@@ -171,6 +171,8 @@ pub struct Value {
     /// `RUBY_FL_PROMOTED`: all of these bits set in an object's flags mean
     /// the object is old (survived three GCs); only a major GC frees or moves it.
     pub fl_promoted: u64,
+    /// `Qnil`: 8 before 3.3, 4 from 3.3 on.
+    pub qnil: u64,
 }
 
 /// The GC's bookkeeping in `rb_objspace`, which no header declares. Where the
@@ -181,6 +183,9 @@ pub struct Value {
 pub struct Gc {
     /// `profile.major_gc_count` relative to `profile.count`.
     pub major_gc_count_from_count: i64,
+    /// `profile.minor_gc_count` relative to `profile.count`: every
+    /// collection is one or the other, which proves the two offsets.
+    pub minor_gc_count_from_count: i64,
 }
 
 /// Where a class keeps its name and, for a singleton class, its object.
@@ -292,12 +297,29 @@ pub enum LayoutError {
         supported: String,
         nearest: String,
     },
-    #[error("ruby-structs layout {file} is malformed: {source}")]
+    #[error("ruby-structs layout {file} is malformed: {}", one_line(source))]
     Malformed {
         file: String,
         #[source]
         source: toml::de::Error,
     },
+}
+
+/// A layout from a file of one's own (`RPROF_LAYOUT_FILE`): how the tests
+/// give rprof a wrong layout, and how a user can try a new Ruby's offsets.
+pub fn parse_layout(name: &str, text: &str) -> Result<Layout, LayoutError> {
+    toml::from_str(text).map_err(|source| LayoutError::Malformed {
+        file: name.to_string(),
+        source,
+    })
+}
+
+/// A TOML error on one line: what is wrong, and where (byte offset).
+fn one_line(e: &toml::de::Error) -> String {
+    match e.span() {
+        Some(span) => format!("{} (at byte {})", e.message().trim(), span.start),
+        None => e.message().trim().to_string(),
+    }
 }
 
 /// The minor versions with a layout, e.g. ["2.7", "3.1", ...].

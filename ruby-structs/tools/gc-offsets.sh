@@ -14,7 +14,9 @@ off() { # a field's offset in rb_objspace, from pahole's "/* offset size */" com
 }
 count=$(off count)
 major=$(off major_gc_count)
-[ -n "$count" ] && [ -n "$major" ] || { echo "gc-offsets: profile.count or major_gc_count not found" >&2; exit 1; }
+minor=$(off minor_gc_count)
+[ -n "$count" ] && [ -n "$major" ] && [ -n "$minor" ] || { echo "gc-offsets: profile.count, major_gc_count or minor_gc_count not found" >&2; exit 1; }
 echo "# From tools/gc-offsets.sh."
 echo "[gc]"
 echo "major_gc_count_from_count = $((major - count))"
+echo "minor_gc_count_from_count = $((minor - count))"

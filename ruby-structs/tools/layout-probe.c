@@ -183,6 +183,7 @@ int main(void)
     P("t_imemo", RUBY_T_IMEMO);
     P("fl_singleton", RUBY_FL_SINGLETON);
     P("fl_promoted", RUBY_FL_PROMOTED);
+    P("qnil", RUBY_Qnil);
 
     printf("\n[class]\n");
 #if RUBY_VER >= 303

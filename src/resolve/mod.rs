@@ -11,7 +11,7 @@
 //! reason counted. `memory.rs` does the reading.
 
 mod facts;
-mod memory;
+pub mod memory;
 mod native;
 mod stitch;
 
