@@ -157,11 +157,7 @@ impl PidUses {
 /// Proves `target`'s layout from its threads' own thread pointers.
 fn prove(probe: &Probe, target: &RubyTarget, within: Duration) -> Result<(), Failure> {
     let started = Instant::now();
-    proof::prove(
-        target,
-        || probe.thread_pointers(target.process.pid).unwrap_or_default(),
-        within,
-    )?;
+    proof::prove(target, || probe.thread_pointers(target.process.pid), within)?;
     // RPROF_SAY_PROVEN: what the proof costs (BENCHMARKS.md).
     if std::env::var_os("RPROF_SAY_PROVEN").is_some() {
         eprintln!(
@@ -534,8 +530,7 @@ impl Processes {
             if target.start_ticks == id.start_ticks && target.ready() {
                 // A Ruby still booting fails some checks: it is looked at
                 // again until its time runs out, and refused then.
-                let threads = probe.thread_pointers(id.pid).unwrap_or_default();
-                if let Err(f) = proof::check(&target, &threads) {
+                if let Err(f) = proof::prove(&target, || probe.thread_pointers(id.pid), Duration::ZERO) {
                     if let Some(followed) = self.get(id.pid, id.start_ticks) {
                         let since = followed.refusal.as_ref().map_or(now, |(since, _)| *since);
                         followed.refusal = Some((since, refusal(&target, f).to_string()));

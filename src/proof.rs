@@ -59,15 +59,18 @@ fn fail<T>(what: impl Into<String>) -> Result<T, Failure> {
 pub const ATTEMPTS_FOR: Duration = Duration::from_millis(100);
 
 /// Proves `target`'s layout, retrying while Ruby changes what is read, for
-/// up to `within`. `threads`: (tid, thread pointer) of its threads.
+/// up to `within` (at least once). `threads` lists (tid, thread pointer) of
+/// its threads.
 pub fn prove(
     target: &RubyTarget,
-    threads: impl Fn() -> Vec<(u32, u64)>,
+    threads: impl Fn() -> anyhow::Result<Vec<(u32, u64)>>,
     within: Duration,
 ) -> Result<(), Failure> {
     let deadline = Instant::now() + within;
     loop {
-        let result = check(target, &threads());
+        let result = threads()
+            .or_else(|e| fail(format!("the process's threads cannot be listed ({e:#})")))
+            .and_then(|threads| check(target, &threads));
         if result.is_ok() || Instant::now() >= deadline {
             return result;
         }
@@ -76,7 +79,7 @@ pub fn prove(
 }
 
 /// One attempt.
-pub fn check(target: &RubyTarget, threads: &[(u32, u64)]) -> Result<(), Failure> {
+fn check(target: &RubyTarget, threads: &[(u32, u64)]) -> Result<(), Failure> {
     let p = Prover {
         process: target.process,
         layout: &target.layout,
