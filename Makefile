@@ -10,7 +10,7 @@ APT_PACKAGES = clang llvm libelf-dev zlib1g-dev pkg-config make gcc ruby ruby-de
 # read rprof's pprof and speedscope files as users' tools do.
 TEST_PACKAGES = puma unicorn ruby-rack wrk libc6-dbg golang-go python3-jsonschema curl man-db \
                 ruby-railties ruby-actionpack ruby-actionview
-RPROF = target/release/rprof
+RPROF = $(or $(CARGO_TARGET_DIR),target)/release/rprof
 
 .PHONY: deps test-deps apt tracefs build demo test lint bench clean-cache release
 

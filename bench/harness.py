@@ -9,7 +9,9 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RPROF = os.environ.get("RPROF", os.path.join(ROOT, "target/release/rprof"))
+RPROF = os.environ.get(
+    "RPROF", os.path.join(os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target")), "release/rprof")
+)
 
 
 class Workload:

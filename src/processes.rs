@@ -154,7 +154,7 @@ impl PidUses {
     }
 }
 
-/// Proves `target`'s layout from its threads' own thread pointers.
+/// Proves `target`'s layout from its main thread's own thread pointer.
 fn prove(probe: &Probe, target: &RubyTarget, within: Duration) -> Result<(), Failure> {
     let started = Instant::now();
     proof::prove(target, || probe.thread_pointers(target.process.pid), within)?;
@@ -530,7 +530,7 @@ impl Processes {
             if target.start_ticks == id.start_ticks && target.ready() {
                 // A Ruby still booting fails some checks: it is looked at
                 // again until its time runs out, and refused then.
-                if let Err(f) = proof::prove(&target, || probe.thread_pointers(id.pid), Duration::ZERO) {
+                if let Err(f) = prove(probe, &target, Duration::ZERO) {
                     if let Some(followed) = self.get(id.pid, id.start_ticks) {
                         let since = followed.refusal.as_ref().map_or(now, |(since, _)| *since);
                         followed.refusal = Some((since, refusal(&target, f).to_string()));

@@ -1,10 +1,10 @@
 //! Proves that a layout fits a live Ruby before BPF reads with it. A layout
 //! that does not fit gives junk, not an error (another version's offsets
 //! read other fields), so before the first sample rprof walks what BPF and
-//! the resolver will walk, from each thread's own thread pointer, and checks
-//! what must hold there: each EC points to a thread that points back to it
-//! and runs on that native thread; control frames tile the VM stack down to
-//! the dummy frame every thread starts with; each frame's env has a known
+//! the resolver will walk, from the main thread's own thread pointer, and
+//! checks what must hold there: its EC points to a thread that points back
+//! to it and runs on that native thread; control frames tile the VM stack
+//! down to the dummy frame every thread starts with; each frame's env has a known
 //! magic; each iseq frame's iseq is an iseq whose label and path are Strings
 //! and whose line table covers its pc; method entries name methods; the
 //! symbol table names `+`; `Object` is called Object and its singleton

@@ -63,8 +63,16 @@ impl RubyTarget {
     pub fn inspect(pid: u32, force_version: Option<&str>) -> Result<Self> {
         let process = Process::open(pid)?;
         let start_ticks = process.start_ticks().ok_or(UserError::NoSuchProcess { pid })?;
-        let maps = process.maps()?;
-        let (image, vm_path, bias) = find_vm(&process, &maps)?;
+        // A process that ended (or is a zombie) has no memory left: say so,
+        // rather than that it is not Ruby.
+        let (image, vm_path, bias) =
+            process
+                .maps()
+                .and_then(|maps| find_vm(&process, &maps))
+                .map_err(|e| match process.is_alive_since(start_ticks) {
+                    true => e,
+                    false => UserError::TargetGone { pid }.into(),
+                })?;
         let version_sym = image
             .symbol("ruby_version")
             .context("the Ruby VM has no ruby_version symbol")?;

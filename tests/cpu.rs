@@ -145,20 +145,33 @@ fn a_stack_deeper_than_the_limit_is_cut_at_the_root_and_marked() {
     );
 }
 
+/// The CPU seconds short.rb says it burned ("burned SECONDS").
+fn burned(stdout: &str) -> f64 {
+    stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("burned "))
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or_else(|| panic!("short.rb said nothing of its CPU time: {stdout:?}"))
+}
+
 #[test]
 fn a_target_that_exits_ends_the_recording_and_its_samples_are_written() {
-    let target = Ruby::host().spawn("short.rb", &["1.5"]);
-    let started = std::time::Instant::now();
-    let run = record(target.pid, &["-F", "499"]);
+    let mut target = Ruby::host().spawn("short.rb", &["1.5", "on-usr1"]);
+    let rprof = common::attach(target.pid, &["-F", "499"]);
+    common::signal(target.pid, libc::SIGUSR1);
+    let cpu = burned(&target.wait_line("burned ", Duration::from_secs(30)));
+    let ended = std::time::Instant::now();
+    let run = rprof.finish();
     assert!(run.success, "{}", run.stderr);
     assert!(
-        started.elapsed() < Duration::from_secs(10),
+        ended.elapsed() < Duration::from_secs(5),
         "rprof kept running after the target exited"
     );
-    assert!(
-        run.folded.count(|f| label(f) == "Object#burn") > 100,
-        "{:?}",
-        run.folded.stacks
+    common::assert_samples_match_cpu(
+        run.folded.count(|f| label(f) == "Object#burn"),
+        cpu,
+        499.0,
+        "short.rb",
     );
 }
 
@@ -291,16 +304,11 @@ fn a_full_ring_buffer_loses_samples_that_are_counted_and_reported() {
 #[test]
 fn sampling_at_10_khz_works() {
     let target = Ruby::host().spawn("ratio.rb", &[]);
-    let run = record(target.pid, &["-d", "1", "-F", "10000"]);
+    let (run, cpu) = common::record_with_cpu(&[target.pid], &["-d", "1", "-F", "10000"]);
     assert!(run.success, "{}", run.stderr);
-    // One busy thread for one second: a sample every 100 microseconds (the
-    // suite runs one test at a time, so the target has a CPU to itself).
+    // One busy thread: a sample every 100 microseconds of the CPU it gets.
     let samples = run.summary("samples");
-    assert!(
-        (8_000..=11_000).contains(&samples),
-        "{samples} samples in 1 s at 10 kHz: {}",
-        run.stderr
-    );
+    common::assert_samples_match_cpu(samples, cpu[0], 10_000.0, "1 s at 10 kHz");
     assert_eq!(run.summary("lost"), 0, "{}", run.stderr);
     assert!(
         run.folded.count(|f| label(f) == "Object#thrice") > samples / 2,
@@ -321,7 +329,6 @@ fn a_command_after_the_double_dash_is_started_and_profiled_to_its_end() {
         .arg("ruby")
         .arg(&script)
         .arg("1.5")
-        .stdout(std::process::Stdio::null())
         .output()
         .expect("run rprof");
     assert!(
@@ -330,9 +337,11 @@ fn a_command_after_the_double_dash_is_started_and_profiled_to_its_end() {
         String::from_utf8_lossy(&output.stderr)
     );
     let folded = Folded::parse(&std::fs::read_to_string(&out).expect("output written"));
-    assert!(
-        folded.count(|f| label(f) == "Object#burn") > 300,
-        "{:?}",
-        folded.stacks
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    common::assert_samples_match_cpu(
+        folded.count(|f| label(f) == "Object#burn"),
+        burned(&stdout),
+        499.0,
+        "short.rb, launched",
     );
 }

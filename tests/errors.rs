@@ -40,6 +40,30 @@ fn not_a_ruby_process() {
     assert!(line.contains("add --subprocesses"), "{line}");
 }
 
+/// A Ruby that has ended but is not yet reaped (a zombie keeps its PID and
+/// /proc entry, and no memory): said as ended, not as "not a Ruby".
+#[test]
+fn a_target_that_has_ended_is_said_to_have_ended() {
+    let mut target = Ruby::host().spawn("short.rb", &["0"]);
+    target.wait_line("burned ", std::time::Duration::from_secs(30));
+    let zombie = (0..500).any(|_| {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        std::fs::read_to_string(format!("/proc/{}/stat", target.pid)).is_ok_and(|s| {
+            s.rsplit_once(')')
+                .is_some_and(|(_, r)| r.trim_start().starts_with('Z'))
+        })
+    });
+    assert!(zombie, "short.rb did not end");
+    let line = error_line(&rprof(&["record", "-p", &target.pid.to_string(), "-d", "1"]));
+    assert!(
+        line.contains(&format!(
+            "process {} exited before rprof could attach to it",
+            target.pid
+        )),
+        "{line}"
+    );
+}
+
 /// A real process that looks like a Ruby rprof does not know: a C program
 /// exporting `ruby_version` "9.9.0".
 fn fake_ruby(dir: &std::path::Path) -> std::path::PathBuf {

@@ -60,15 +60,23 @@ fn check_lines(r: &Ruby) {
         }
         let mut at_line = 0;
         let mut total = 0;
+        let mut elsewhere: BTreeMap<String, u64> = BTreeMap::new();
         for (stack, n) in &run.folded.stacks {
             let Some(leaf) = ruby_leaf(stack) else { continue };
             if label(leaf) == tag {
                 total += n;
                 if line(leaf) == Some(hot) {
                     at_line += n;
+                } else {
+                    let under = stack.last().filter(|f| *f != leaf).map_or("", |f| f.as_str());
+                    *elsewhere.entry(format!("{leaf} <- {under}")).or_default() += n;
                 }
             }
         }
+        eprintln!(
+            "Ruby {}: {tag}: {at_line} of {total} at line {hot}; elsewhere {elsewhere:?}",
+            r.name
+        );
         assert!(
             total >= 20,
             "Ruby {}: only {total} samples in {tag:?}: {:#?}",
@@ -78,7 +86,7 @@ fn check_lines(r: &Ruby) {
         let share = at_line as f64 / total as f64;
         assert!(
             share >= 0.95,
-            "Ruby {}: {tag} at line {hot} in {:.1}% of {total} samples",
+            "Ruby {}: {tag} at line {hot} in {:.1}% of {total} samples; elsewhere {elsewhere:?}",
             r.name,
             share * 100.0
         );

@@ -13,10 +13,19 @@ use common::{attach, attach_merged, label, Ruby, Run, Target};
 
 const CHILDREN: [&str; 3] = ["alpha", "beta", "gamma"];
 
+/// A forks.rb run under rprof: the run, the parent's PID, and each child's
+/// PID and CPU time in its method (cpu and reuse modes).
+struct Forks {
+    run: Run,
+    parent: u32,
+    children: BTreeMap<String, u32>,
+    burned: BTreeMap<String, f64>,
+}
+
 /// Runs forks.rb MODE under `rprof record -p PARENT --subprocesses ARGS`:
 /// rprof attaches, then the script forks its three children; rprof ends when
-/// they and the parent have. Returns the run and each child's PID.
-fn record_forks(mode: &str, args: &[&str]) -> (Run, u32, BTreeMap<String, u32>) {
+/// they and the parent have.
+fn record_forks(mode: &str, args: &[&str]) -> Forks {
     let mut target = Ruby::host().spawn("forks.rb", &[mode]);
     let mut all = vec!["--subprocesses"];
     all.extend_from_slice(args);
@@ -36,7 +45,22 @@ fn record_forks(mode: &str, args: &[&str]) -> (Run, u32, BTreeMap<String, u32>) 
         .collect();
     let run = rprof.finish();
     assert!(run.success, "{}", run.stderr);
-    (run, target.pid, children)
+    let lines = target.all_lines("burned ", Duration::from_secs(30));
+    Forks {
+        run,
+        parent: target.pid,
+        children,
+        burned: burned(lines.iter().map(String::as_str)),
+    }
+}
+
+/// The CPU time each child burned in its method, from forks.rb's "burned
+/// NAME=SECONDS" lines.
+fn burned<'a>(lines: impl Iterator<Item = &'a str>) -> BTreeMap<String, f64> {
+    lines
+        .filter_map(|l| l.strip_prefix("burned ")?.split_once('='))
+        .map(|(name, s)| (name.to_string(), s.parse().expect("seconds")))
+        .collect()
 }
 
 /// The child method in a stack, if any; and panics if there are two.
@@ -60,18 +84,27 @@ fn per_child(run: &Run) -> BTreeMap<&'static str, u64> {
     per_child
 }
 
-/// Each child burned 0.8 s of CPU, sampled at 499 Hz on 2 CPUs shared by 3.
-fn assert_every_child_sampled(run: &Run) {
+/// Each child burned up to 0.8 s of CPU (2 CPUs shared by 3, and whatever
+/// else the machine runs), sampled at 499 Hz: its samples match that time.
+fn assert_every_child_sampled(run: &Run, burned: &BTreeMap<String, f64>) {
     let per_child = per_child(run);
     for c in CHILDREN {
         let n = per_child.get(c).copied().unwrap_or(0);
-        assert!(n >= 100, "{c}: {n} samples ({per_child:?}): {}", run.stderr);
+        let cpu = *burned
+            .get(c)
+            .unwrap_or_else(|| panic!("{c} said nothing of its CPU time: {burned:?}"));
+        common::assert_samples_match_cpu(n, cpu, 499.0, &format!("{c} ({per_child:?})"));
     }
 }
 
 #[test]
 fn forked_children_are_followed_and_each_is_under_its_own_process() {
-    let (run, parent, children) = record_forks("cpu", &["-F", "499", "--processes"]);
+    let Forks {
+        run,
+        parent,
+        children,
+        burned,
+    } = record_forks("cpu", &["-F", "499", "--processes"]);
     for (stack, _) in &run.folded.stacks {
         let Some(child) = child_of(stack) else { continue };
         let pid = children[child];
@@ -84,7 +117,7 @@ fn forked_children_are_followed_and_each_is_under_its_own_process() {
             "{child}'s stack not under its own PID {pid}: {stack:?}"
         );
     }
-    assert_every_child_sampled(&run);
+    assert_every_child_sampled(&run, &burned);
     assert!(
         run.stderr.contains("4 processes followed, 4 profiled, 4 ended"),
         "{}",
@@ -100,7 +133,12 @@ fn forked_children_are_followed_and_each_is_under_its_own_process() {
 /// count is still exact.
 #[test]
 fn syscall_mode_counts_every_childs_calls_exactly() {
-    let (run, parent, children) = record_forks("getpid", &["syscall", "enter_getpid", "--processes"]);
+    let Forks {
+        run,
+        parent,
+        children,
+        ..
+    } = record_forks("getpid", &["syscall", "enter_getpid", "--processes"]);
     let mut per_pid: BTreeMap<u32, u64> = BTreeMap::new();
     let mut named = 0;
     for (stack, n) in &run.folded.stacks {
@@ -159,10 +197,9 @@ fn without_subprocesses_only_the_given_process_is_recorded() {
 fn several_processes_in_one_profile() {
     let a = Ruby::host().spawn("short.rb", &["30"]);
     let b = Ruby::host().spawn("short.rb", &["30"]);
-    let (pa, pb) = (a.pid.to_string(), b.pid.to_string());
-    let run = common::record_args(&["-p", &pa, "-p", &pb, "--processes", "-d", "1", "-F", "499"]);
+    let (run, cpu) = common::record_with_cpu(&[a.pid, b.pid], &["--processes", "-d", "1", "-F", "499"]);
     assert!(run.success, "{}", run.stderr);
-    for pid in [&pa, &pb] {
+    for (pid, cpu) in [a.pid, b.pid].into_iter().zip(cpu) {
         let n: u64 = run
             .folded
             .stacks
@@ -171,7 +208,7 @@ fn several_processes_in_one_profile() {
             .filter(|(s, _)| s.iter().any(|f| label(f) == "Object#burn"))
             .map(|(_, n)| n)
             .sum();
-        assert!(n > 100, "process {pid}: {n} samples: {}", run.stderr);
+        common::assert_samples_match_cpu(n, cpu, 499.0, &format!("process {pid}"));
     }
 }
 
@@ -194,6 +231,12 @@ fn a_shell_master_is_followed_and_the_ruby_it_starts_is_profiled() {
     let forked = shell.wait_line("forked", Duration::from_secs(30));
     let run = rprof.finish();
     assert!(run.success, "{}", run.stderr);
+    let burned = burned(
+        shell
+            .all_lines("burned ", Duration::from_secs(30))
+            .iter()
+            .map(String::as_str),
+    );
     let children: BTreeMap<&str, &str> = forked
         .split_whitespace()
         .skip(1)
@@ -212,7 +255,8 @@ fn a_shell_master_is_followed_and_the_ruby_it_starts_is_profiled() {
             })
             .map(|(_, n)| n)
             .sum();
-        assert!(n >= 100, "{name}: {n} samples: {}", run.stderr);
+        let cpu = *burned.get(*name).expect("each child's CPU time");
+        common::assert_samples_match_cpu(n, cpu, 499.0, &format!("{name}: {}", run.stderr));
     }
     // The shell, its Ruby, three children: all but the shell profiled.
     assert!(
@@ -226,7 +270,7 @@ fn a_shell_master_is_followed_and_the_ruby_it_starts_is_profiled() {
 fn by_default_processes_and_threads_are_merged_into_one_wide_frame() {
     // Three children, each its own process and thread, all forked from the
     // same line: by default their stacks share that one root frame.
-    let (run, _, _) = record_forks("cpu", &["-F", "499", "--merged"]);
+    let Forks { run, .. } = record_forks("cpu", &["-F", "499", "--merged"]);
     let roots: std::collections::BTreeSet<&str> = run
         .folded
         .stacks
@@ -245,7 +289,7 @@ fn a_launched_shell_and_the_rubies_it_starts_are_followed() {
     let shell = format!("ruby {} cpu now; exit 4", script.display());
     let run = common::record_args(&["--subprocesses", "-F", "499", "--", "sh", "-c", &shell]);
     assert_eq!(run.code, Some(4), "{}", run.stderr);
-    assert_every_child_sampled(&run);
+    assert_every_child_sampled(&run, &burned(run.stdout.lines()));
     // Ruby starting up before rprof could read it: counted, not dropped.
     assert!(
         run.stderr.contains("in followed processes not profiled"),
@@ -331,17 +375,20 @@ fn a_reused_pid_is_another_process_whose_samples_never_join_the_old_ones() {
     let c = Ruby::host().spawn("named.rb", &["gamma", "30"]);
     let (pa, pc) = (a.pid.to_string(), c.pid.to_string());
     let rprof = attach(a.pid, &["-p", &pc, "-F", "499", "-d", "3"]);
+    let (alpha_cpu, gamma_cpu) = (common::cpu_seconds(a.pid), common::cpu_seconds(c.pid));
     // alpha ends (and is reaped); a new process gets its PID and runs beta.
     std::thread::sleep(Duration::from_millis(1000));
     let reused = a.pid;
+    let alpha_cpu = common::cpu_seconds(a.pid) - alpha_cpu;
     drop(a);
     let b = start_with_pid("beta", reused).expect("the old PID for the new process");
     let run = rprof.finish();
+    let gamma_cpu = common::cpu_seconds(c.pid) - gamma_cpu;
     drop(b);
     assert!(run.success, "{}", run.stderr);
     let count = |name: &str| run.folded.count(|f| label(f) == format!("Object#burn_{name}"));
-    assert!(count("alpha") > 100, "{}", run.stderr);
-    assert!(count("gamma") > 300, "{}", run.stderr);
+    common::assert_samples_match_cpu(count("alpha"), alpha_cpu, 499.0, "alpha");
+    common::assert_samples_match_cpu(count("gamma"), gamma_cpu, 499.0, "gamma");
     assert_eq!(
         count("beta"),
         0,
@@ -380,7 +427,7 @@ fn a_ruby_in_its_own_pid_and_mount_namespaces_is_followed_by_host_pid() {
         "now",
     ]);
     assert!(run.success, "{}", run.stderr);
-    assert_every_child_sampled(&run);
+    assert_every_child_sampled(&run, &burned(run.stdout.lines()));
     let mut pids: BTreeMap<&str, std::collections::BTreeSet<&str>> = BTreeMap::new();
     for (stack, _) in &run.folded.stacks {
         let Some(child) = child_of(stack) else { continue };
@@ -410,7 +457,12 @@ fn a_ruby_in_its_own_pid_and_mount_namespaces_is_followed_by_host_pid() {
 #[test]
 fn a_followed_process_on_a_pid_an_earlier_one_had_gets_a_frame_of_its_own() {
     // alpha ends, then beta is forked on its PID: two processes, one PID.
-    let (run, parent, children) = record_forks("reuse", &["-F", "499", "--processes"]);
+    let Forks {
+        run,
+        parent,
+        children,
+        burned,
+    } = record_forks("reuse", &["-F", "499", "--processes"]);
     let pid = children["alpha"];
     assert_eq!(children["beta"], pid, "beta was not forked on alpha's PID");
     for (stack, _) in &run.folded.stacks {
@@ -422,5 +474,5 @@ fn a_followed_process_on_a_pid_an_earlier_one_had_gets_a_frame_of_its_own() {
         assert!(stack[0].starts_with(&format!("process {parent}:\"")), "{stack:?}");
         assert!(stack[1].starts_with(&want), "{stack:?}");
     }
-    assert_every_child_sampled(&run);
+    assert_every_child_sampled(&run, &burned);
 }

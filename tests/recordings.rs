@@ -46,11 +46,20 @@ fn held_seconds(report_stderr: &str) -> f64 {
         .unwrap_or_else(|_| panic!("no duration in {line:?}"))
 }
 
+/// threads.rb recorded for 3 s (see `record_threads`).
+struct ThreadsRun {
+    target: Target,
+    stderr: String,
+    /// The CPU time each of its threads alpha and beta used while rprof
+    /// recorded, in seconds.
+    thread_cpu: BTreeMap<&'static str, f64>,
+}
+
 /// The two threads of threads.rb busy, recorded for 3 s into `dir/rec.rprof`
-/// (with --raw) and `dir/rec.folded`; rprof's stderr.
-fn record_threads(dir: &Path) -> (Target, String) {
+/// (with --raw) and `dir/rec.folded`.
+fn record_threads(dir: &Path) -> ThreadsRun {
     let target = Ruby::named("3.3").spawn("threads.rb", &[]);
-    let (_, stderr) = ok(rprof(&[
+    let rprof = Background::start(&[
         "record",
         "-p",
         &target.pid.to_string(),
@@ -61,14 +70,27 @@ fn record_threads(dir: &Path) -> (Target, String) {
         path(&dir.join("rec.rprof")),
         "-o",
         path(&dir.join("rec.folded")),
-    ]));
-    (target, stderr)
+    ]);
+    let cpu = |name| common::thread_cpu_seconds(target.pid, target.get(name));
+    let before = ["alpha", "beta"].map(|name| (name, cpu(name)));
+    let (success, stderr) = rprof.finish();
+    assert!(success, "rprof failed: {stderr}");
+    let thread_cpu = before
+        .into_iter()
+        .map(|(name, b)| (name, cpu(name) - b))
+        .collect();
+    ThreadsRun {
+        target,
+        stderr,
+        thread_cpu,
+    }
 }
 
 fn summary_number(stderr: &str, what: &str) -> u64 {
     Run {
         folded: Folded::default(),
         stderr: stderr.to_string(),
+        stdout: String::new(),
         success: true,
         code: Some(0),
     }
@@ -79,7 +101,11 @@ fn summary_number(stderr: &str, what: &str) -> u64 {
 #[test]
 fn every_format_tells_the_totals_of_the_recording() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let (target, stderr) = record_threads(dir.path());
+    let ThreadsRun {
+        target,
+        stderr,
+        thread_cpu,
+    } = record_threads(dir.path());
     let raw = dir.path().join("rec.rprof");
     let recorded = Folded::parse(&std::fs::read_to_string(dir.path().join("rec.folded")).expect("folded"));
     let total = recorded.total();
@@ -87,18 +113,20 @@ fn every_format_tells_the_totals_of_the_recording() {
         summary_number(&stderr, "samples"),
         summary_number(&stderr, "lost"),
     );
-    assert!(total > 200, "two busy threads for 3 s at 99 Hz: {total}");
     assert_eq!(
         total,
         samples - lost,
         "every sample counted is in the profile or counted lost: {stderr}"
     );
-    // Both threads, by their names and thread ids.
+    // Both threads, by their names and thread ids, each with the samples
+    // its CPU time gives.
     for name in ["alpha", "beta"] {
         let tid = target.get(name);
-        assert!(
-            recorded.of_thread(tid).total() > 50,
-            "{name} [{tid}]: {recorded:?}"
+        common::assert_samples_match_cpu(
+            recorded.of_thread(tid).total(),
+            thread_cpu[name],
+            99.0,
+            &format!("thread {name} [{tid}]"),
         );
     }
 
@@ -186,7 +214,7 @@ fn every_format_tells_the_totals_of_the_recording() {
 #[test]
 fn report_cuts_a_time_window_a_process_or_a_thread() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let (target, _) = record_threads(dir.path());
+    let ThreadsRun { target, .. } = record_threads(dir.path());
     let raw = dir.path().join("rec.rprof");
     let read = |args: &[&str]| -> (Folded, String) {
         let out = dir.path().join("cut.folded");
@@ -272,7 +300,7 @@ fn pprof_flat_shares(top: &str) -> BTreeMap<String, f64> {
 #[test]
 fn go_tool_pprof_agrees_with_rprof_within_one_percent() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let (target, _) = record_threads(dir.path());
+    let ThreadsRun { target, .. } = record_threads(dir.path());
     let raw = dir.path().join("rec.rprof");
     let (table, _) = report(&raw, &["--format", "summary"]);
     let pb = dir.path().join("rec.pb.gz");
@@ -609,7 +637,7 @@ fn rotation_writes_a_complete_profile_per_interval_and_keeps_the_newest() {
     let target = Ruby::named("3.3").spawn("threads.rb", &[]);
     let dir = tempfile::tempdir().expect("tempdir");
     let out = dir.path().join("profiles");
-    let (_, stderr) = ok(rprof(&[
+    let rprof = Background::start(&[
         "record",
         "-p",
         &target.pid.to_string(),
@@ -623,7 +651,11 @@ fn rotation_writes_a_complete_profile_per_interval_and_keeps_the_newest() {
         "rprof",
         "-o",
         &format!("{}/", out.display()),
-    ]));
+    ]);
+    let watch = common::CpuWatch::start(target.pid);
+    let (success, stderr) = rprof.finish();
+    assert!(success, "{stderr}");
+    let cpus = watch.cpus();
     let written: Vec<&str> = stderr
         .lines()
         .filter(|l| l.starts_with("rprof: wrote "))
@@ -650,10 +682,12 @@ fn rotation_writes_a_complete_profile_per_interval_and_keeps_the_newest() {
             "part {i} covers about 1s: {held}s ({stderr})"
         );
         let folded = Folded::parse(&std::fs::read_to_string(&folded).expect("folded"));
-        let expected = 99.0 * held * 1.5;
+        // The target's CPU varies from second to second on a busy machine:
+        // half of what its mean over the recording gives.
+        let expected = 99.0 * held * cpus;
         assert!(
             !last && folded.total() as f64 > expected * 0.5 || last && folded.total() > 0,
-            "part {i}: {} samples in {held}s",
+            "part {i}: {} samples in {held}s, where {cpus:.2} CPUs give {expected:.0}",
             folded.total()
         );
         assert!(
@@ -678,6 +712,7 @@ fn flight_recorder_writes_its_window_on_sigusr2_and_at_the_end() {
         "-o",
         path(dir.path()),
     ]);
+    let watch = common::CpuWatch::start(target.pid);
     std::thread::sleep(Duration::from_millis(4000));
     rprof.signal(libc::SIGUSR2);
     let first = rprof.wait_line("rprof: wrote ");
@@ -689,6 +724,7 @@ fn flight_recorder_writes_its_window_on_sigusr2_and_at_the_end() {
     rprof.signal(libc::SIGINT);
     let (success, stderr) = rprof.finish();
     assert!(success, "{stderr}");
+    let cpus = watch.cpus();
     let files = parts(dir.path());
     assert_eq!(
         files.len(),
@@ -705,7 +741,14 @@ fn flight_recorder_writes_its_window_on_sigusr2_and_at_the_end() {
         let held = held_seconds(&stderr);
         assert!((1.9..=2.6).contains(&held), "the last 2s: {held}s ({stderr})");
         let folded = Folded::parse(&std::fs::read_to_string(dir.path().join("w.folded")).expect("folded"));
-        assert!(folded.total() as f64 > 99.0 * 2.0 * 0.5, "{}", folded.total());
+        // Half of what the target's mean CPU gives (as for rotation: the
+        // window holds its last 2 s).
+        let expected = 99.0 * held * cpus;
+        assert!(
+            folded.total() as f64 > expected * 0.5,
+            "{} samples in {held}s, where {cpus:.2} CPUs give {expected:.0}",
+            folded.total()
+        );
     }
 }
 
@@ -780,13 +823,17 @@ fn heap_under_churn(target: &Target, dir: &Path, seconds: u64) -> Vec<[u64; 3]> 
 /// 10 s stayed between 3,070 and 5,220 kB (BENCHMARKS.md).
 ///
 /// What a bounded mode holds follows the target's code churn, which follows
-/// the CPU the target gets: on a busy machine the most held in one third
-/// of the run exceeded that of the third before by up to 77 kB (7 runs, 4 of
-/// them with a CPU burner), and by 1,322 kB from the first third to the
-/// second, when the target got little CPU at first. So the later thirds
-/// are compared, and the growth allowed is measured against the witness's
-/// in the same 16 s (2,823 to 4,151 kB in those runs): a bounded mode that
-/// kept a tenth of what the witness keeps per frame fails.
+/// the CPU the target gets, so on a busy machine any third may hold the
+/// most: the most held in one third exceeded that of the third before by
+/// up to 1,322 kB (the first to the second, when the target got little CPU
+/// at first; 7 runs, 4 of them with a CPU burner), and in one CI run under a
+/// burner the flight recorder held 4,591 / 3,440 / 4,477 kB. What was never
+/// seen is the last third above the most of the two before by more than
+/// 77 kB. So the last third is held to the most of the first two, plus a
+/// tenth of what the witness grew in the same 16 s (2,799 to 4,151 kB in
+/// those runs): a bounded mode that kept a tenth of what the witness keeps
+/// per frame fails, and with the window's compaction switched off the
+/// flight recorder held 19,669 / 35,976 / 43,010 kB.
 #[test]
 fn rotation_and_flight_recorder_memory_stays_flat_under_code_churn() {
     let target = Ruby::named("3.3").spawn("churn.rb", &["2000", "5", "20"]);
@@ -801,11 +848,12 @@ fn rotation_and_flight_recorder_memory_stays_flat_under_code_churn() {
         kept >= 1024,
         "the witness grows: {early} kB up to 32 s, then {late} kB"
     );
-    for (args, &[_, early, late]) in MEMORY_MODES.iter().zip(&heaps).skip(1) {
+    for (args, &[first, early, late]) in MEMORY_MODES.iter().zip(&heaps).skip(1) {
+        let before = first.max(early);
         assert!(
-            late <= early + kept / 10,
-            "{args:?}: memory grows under churn: {early} kB from 16 to 32 s, {late} kB later \
-             (a plain recording grew by {kept} kB)"
+            late <= before + kept / 10,
+            "{args:?}: memory grows under churn: at most {before} kB up to 32 s, {late} kB later \
+             (a plain recording grew by {kept} kB from 16 to 32 s and on)"
         );
     }
     let kept = parts(&dir.path().join("out-rotate"));

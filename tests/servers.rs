@@ -285,6 +285,12 @@ fn a_puma_cluster_with_native_frames() {
 /// being scheduled before the GC frees or ages the code: at most 1% of
 /// samples with an `[unknown]` frame, and no frame under the template's
 /// rows that is not the template's or Rails's own.
+/// The least share of a Rails worker's samples in the template. Measured
+/// (2026-11-25, this test printing it): 0.836 to 0.867 in 8 workers of 4
+/// runs (1 with a CPU burner), about 700 to 2,200 samples each, so one
+/// standard deviation is at most 1.4 points.
+const TEMPLATE_SHARE: f64 = 0.75;
+
 #[test]
 fn a_rails_app_keeps_its_names_with_every_cpu_busy() {
     let port = free_port();
@@ -313,25 +319,48 @@ fn a_rails_app_keeps_its_names_with_every_cpu_busy() {
             "299",
         ],
     );
+    let watches: Vec<common::CpuWatch> = first
+        .iter()
+        .map(|w| common::CpuWatch::start(w.parse().expect("a worker's pid")))
+        .collect();
     let run = rprof.finish();
+    let cpu: Vec<f64> = watches.iter().map(common::CpuWatch::seconds).collect();
     let _ = wrk.wait();
     assert!(run.success, "{}", run.stderr);
-    // Both workers rendered the template (about 700 samples each in 10 s).
-    for worker in &first {
-        let mine: u64 = run
-            .folded
-            .stacks
-            .iter()
-            .filter(|(s, _)| common::process_of(s) == Some(worker.as_str()))
-            .filter(|(s, _)| {
-                s.iter()
-                    .any(|f| label(f).starts_with("block in _inline_template__"))
-            })
-            .map(|(_, n)| n)
-            .sum();
+    eprintln!("{}", run.stderr.trim());
+    // Each worker was sampled as much as its CPU time gives, and rendered
+    // the template in TEMPLATE_SHARE of its samples at least. A Puma
+    // worker's samples per second of its CPU time vary more than a busy
+    // loop's (0.79 to 1.15 in 8 workers, 2026-11-25: its threads run in
+    // bursts between requests): half to one and a half of it.
+    for (worker, cpu) in first.iter().zip(cpu) {
+        let of_worker = |pred: &dyn Fn(&[String]) -> bool| -> u64 {
+            run.folded
+                .stacks
+                .iter()
+                .filter(|(s, _)| common::process_of(s) == Some(worker.as_str()) && pred(s))
+                .map(|(_, n)| n)
+                .sum()
+        };
+        let all = of_worker(&|_| true);
+        let expected = cpu * 299.0;
+        eprintln!(
+            "worker {worker}: {all} samples for {cpu:.3} s of CPU: {:.3} of {expected:.0}",
+            all as f64 / expected
+        );
         assert!(
-            mine >= 100,
-            "worker {worker}: {mine} samples in the template: {}",
+            expected >= 300.0 && (expected * 0.5..=expected * 1.5).contains(&(all as f64)),
+            "worker {worker}: {all} samples, where {cpu:.3} s of CPU at 299 Hz gives {expected:.0}: {}",
+            run.stderr
+        );
+        let mine = of_worker(&|s| {
+            s.iter()
+                .any(|f| label(f).starts_with("block in _inline_template__"))
+        });
+        eprintln!("worker {worker}: {mine} of {all} samples in the template");
+        assert!(
+            mine as f64 >= all as f64 * TEMPLATE_SHARE,
+            "worker {worker}: {mine} of {all} samples in the template: {}",
             run.stderr
         );
     }
@@ -348,10 +377,7 @@ fn a_rails_app_keeps_its_names_with_every_cpu_busy() {
     // late (old objects, svars, C blocks): 3.2 to 4.6%.
     let total = run.folded.total();
     let unknown = run.folded.count(|f| f == "[unknown]");
-    eprintln!(
-        "{unknown} of {total} samples with [unknown]: {}",
-        run.stderr.trim()
-    );
+    eprintln!("{unknown} of {total} samples with [unknown]");
     assert!(
         unknown * 100 <= total,
         "{unknown} of {total} samples with [unknown] frames: {}",

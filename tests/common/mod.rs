@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::mpsc;
-use std::time::Duration;
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::time::{Duration, Instant};
 
 pub const RPROF: &str = env!("CARGO_BIN_EXE_rprof");
 
@@ -251,6 +251,29 @@ impl Target {
         }
     }
 
+    /// Every line starting with `prefix` it printed, once its output is
+    /// closed (it and every process it forked have ended).
+    pub fn all_lines(&mut self, prefix: &str, timeout: Duration) -> Vec<String> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            match self
+                .lines
+                .recv_timeout(deadline.saturating_duration_since(Instant::now()))
+            {
+                Ok(line) => self.before_ready.push(line),
+                Err(RecvTimeoutError::Disconnected) => break,
+                Err(RecvTimeoutError::Timeout) => {
+                    panic!("target {} kept its output open for {timeout:?}", self.pid)
+                }
+            }
+        }
+        self.before_ready
+            .iter()
+            .filter(|l| l.starts_with(prefix))
+            .cloned()
+            .collect()
+    }
+
     pub fn get(&self, key: &str) -> &str {
         self.info
             .get(key)
@@ -347,6 +370,8 @@ pub fn line(frame: &str) -> Option<u32> {
 pub struct Run {
     pub folded: Folded,
     pub stderr: String,
+    /// What a command rprof started printed (empty for `-p`).
+    pub stdout: String,
     pub success: bool,
     pub code: Option<i32>,
 }
@@ -386,6 +411,122 @@ pub fn process_of(stack: &[String]) -> Option<&str> {
 pub fn signal(pid: u32, sig: libc::c_int) {
     // SAFETY: kill only sends a signal.
     unsafe { libc::kill(pid as libc::pid_t, sig) };
+}
+
+/// The CPU time a live process has used so far, all its threads (ended ones
+/// too), in seconds: the kernel's own count, in nanoseconds.
+pub fn cpu_seconds(pid: u32) -> f64 {
+    let mut clock: libc::clockid_t = 0;
+    // SAFETY: only asks for the id of the process's CPU-time clock.
+    let rc = unsafe { libc::clock_getcpuclockid(pid as libc::pid_t, &mut clock) };
+    assert_eq!(rc, 0, "the CPU clock of process {pid}");
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: ts is a valid timespec for the call to fill.
+    let rc = unsafe { libc::clock_gettime(clock, &mut ts) };
+    assert_eq!(rc, 0, "the CPU time of process {pid}");
+    ts.tv_sec as f64 + ts.tv_nsec as f64 / 1e9
+}
+
+/// How much CPU a live process uses from now on.
+pub struct CpuWatch {
+    pid: u32,
+    cpu: f64,
+    began: Instant,
+}
+
+impl CpuWatch {
+    pub fn start(pid: u32) -> CpuWatch {
+        CpuWatch {
+            pid,
+            cpu: cpu_seconds(pid),
+            began: Instant::now(),
+        }
+    }
+
+    /// How many CPUs' worth it has used since `start`, on average.
+    pub fn cpus(&self) -> f64 {
+        (cpu_seconds(self.pid) - self.cpu) / self.began.elapsed().as_secs_f64()
+    }
+
+    /// The CPU seconds it has used since `start`.
+    pub fn seconds(&self) -> f64 {
+        cpu_seconds(self.pid) - self.cpu
+    }
+}
+
+/// The CPU time one thread of a live process has used so far, in seconds
+/// (/proc's utime + stime, in clock ticks of 10 ms).
+pub fn thread_cpu_seconds(pid: u32, tid: &str) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat"))
+        .unwrap_or_else(|e| panic!("thread {tid} of process {pid}: {e}"));
+    // After the command name, which may hold spaces: state is field 3.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map_or("", |(_, rest)| rest)
+        .split_whitespace()
+        .collect();
+    let ticks: u64 = fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime");
+    // SAFETY: sysconf only reads a constant.
+    ticks as f64 / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
+}
+
+/// What sampling at `hz` must give a target that used `cpu` seconds of CPU
+/// while rprof recorded: a sample on every CPU every 1/hz s lands on the
+/// target as often as it runs, so about cpu * hz, whatever else the machine
+/// runs. When the target shares a CPU, whether a tick finds it running is a
+/// coin toss: a binomial count, whose standard deviation is at most the
+/// square root of the expected count; so the count is held to within 4 of
+/// those, plus SAMPLES_SLACK of the expected count for the edges of the
+/// window (the test reads the CPU time just after rprof says it records and
+/// just after rprof ends). Measured (2026-11-25, the 24 assertions of the
+/// tests calling this, once idle and once with `nice -n 0 sh -c 'while :;
+/// do :; done'`): samples / expected 0.940 to 1.045, and `(samples -
+/// expected) / sqrt(expected)` -1.02 to 0.61. A profile that loses or
+/// doubles samples on a busy machine fails; one on a machine too busy to
+/// run the target at all fails by saying so.
+pub fn assert_samples_match_cpu(samples: u64, cpu: f64, hz: f64, what: &str) {
+    let expected = cpu * hz;
+    let sd = expected.sqrt();
+    eprintln!(
+        "{what}: {samples} samples for {cpu:.3} s of CPU at {hz} Hz: {:.3} of {expected:.0}, z {:.2}",
+        samples as f64 / expected,
+        (samples as f64 - expected) / sd
+    );
+    assert!(
+        expected >= 50.0,
+        "{what}: the target got only {cpu:.3} s of CPU while rprof recorded, too little to judge"
+    );
+    let low = expected * (1.0 - SAMPLES_SLACK) - 4.0 * sd;
+    let high = expected * (1.0 + SAMPLES_SLACK) + 4.0 * sd;
+    assert!(
+        (low..=high).contains(&(samples as f64)),
+        "{what}: {samples} samples, where {cpu:.3} s of CPU at {hz} Hz gives {expected:.0} \
+         ({low:.0} to {high:.0})"
+    );
+}
+
+/// The edges of a measured window, as a share of its expected samples (see
+/// `assert_samples_match_cpu`).
+pub const SAMPLES_SLACK: f64 = 0.05;
+
+/// `attach` to several live targets, each with the CPU time it used from
+/// rprof's "recording" line (its sampling has begun) to rprof's end.
+pub fn record_with_cpu(pids: &[u32], args: &[&str]) -> (Run, Vec<f64>) {
+    let others: Vec<String> = pids[1..].iter().map(|p| p.to_string()).collect();
+    let mut all: Vec<&str> = others.iter().flat_map(|p| ["-p", p.as_str()]).collect();
+    all.extend_from_slice(args);
+    let rprof = attach(pids[0], &all);
+    let before: Vec<f64> = pids.iter().map(|&p| cpu_seconds(p)).collect();
+    let run = rprof.finish();
+    let used = pids
+        .iter()
+        .zip(before)
+        .map(|(&p, b)| cpu_seconds(p) - b)
+        .collect();
+    (run, used)
 }
 
 /// Runs `rprof record -p PID ARGS... --format folded -o TMP` and reads the result.
@@ -483,6 +624,7 @@ fn run_record(args: &[&str], env: &[(&str, &str)]) -> Run {
     Run {
         folded,
         stderr,
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
         success: output.status.success(),
         code: output.status.code(),
     }
@@ -564,6 +706,7 @@ impl Attached {
         Run {
             folded,
             stderr,
+            stdout: String::new(),
             success: status.success(),
             code: status.code(),
         }
