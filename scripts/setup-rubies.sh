@@ -142,11 +142,17 @@ for what in "$@"; do
         server) server_chroot ;;
         all)
             host_ruby
-            chroot_ruby 2.7 bullseye; chroot_dev 2.7 ruby-dev
-            chroot_ruby 3.3 trixie; chroot_dev 3.3 ruby-dev
-            chroot_ruby34; chroot_dev 3.4 -t experimental ruby3.4-dev
+            # The chroots wait mostly on the network and the disk, the builds
+            # on the CPUs: side by side, the first set-up takes minutes less.
+            (
+                chroot_ruby 2.7 bullseye; chroot_dev 2.7 ruby-dev
+                chroot_ruby 3.3 trixie; chroot_dev 3.3 ruby-dev
+                chroot_ruby34; chroot_dev 3.4 -t experimental ruby3.4-dev
+                server_chroot
+            ) &
+            chroots=$!
             static_ruby; yjit_ruby; fp_ruby
-            server_chroot ;;
+            wait "$chroots" || { echo "setup-rubies: a chroot could not be set up (above)" >&2; exit 1; } ;;
         *) echo "setup-rubies: unknown '$what' (host, 2.7, 3.3, 3.4, static, 3.3-yjit, 3.3-fp, server, all)" >&2; exit 2 ;;
     esac
 done
