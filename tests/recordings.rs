@@ -126,7 +126,7 @@ fn every_format_tells_the_totals_of_the_recording() {
             recorded.of_thread(tid).total(),
             thread_cpu[name],
             99.0,
-            &format!("thread {name} [{tid}]"),
+            &format!("thread {name} [{tid}] ({})", stderr.trim()),
         );
     }
 
