@@ -119,14 +119,19 @@ fn every_format_tells_the_totals_of_the_recording() {
         "every sample counted is in the profile or counted lost: {stderr}"
     );
     // Both threads, by their names and thread ids, each with the samples
-    // its CPU time gives.
+    // its CPU time gives (on failure: every thread frame seen, and rprof's
+    // summary).
+    let mut roots: BTreeMap<&str, u64> = BTreeMap::new();
+    for (stack, n) in &recorded.stacks {
+        *roots.entry(stack[0].as_str()).or_default() += n;
+    }
     for name in ["alpha", "beta"] {
         let tid = target.get(name);
         common::assert_samples_match_cpu(
             recorded.of_thread(tid).total(),
             thread_cpu[name],
             99.0,
-            &format!("thread {name} [{tid}] ({})", stderr.trim()),
+            &format!("thread {name} [{tid}] ({roots:?}; {})", stderr.trim()),
         );
     }
 
