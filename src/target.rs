@@ -69,9 +69,12 @@ impl RubyTarget {
             process
                 .maps()
                 .and_then(|maps| find_vm(&process, &maps))
-                .map_err(|e| match process.is_alive_since(start_ticks) {
-                    true => e,
-                    false => UserError::TargetGone { pid }.into(),
+                .map_err(|e| {
+                    if process.is_alive_since(start_ticks) {
+                        e
+                    } else {
+                        UserError::TargetGone { pid }.into()
+                    }
                 })?;
         let version_sym = image
             .symbol("ruby_version")

@@ -48,10 +48,7 @@ fn a_target_that_has_ended_is_said_to_have_ended() {
     target.wait_line("burned ", std::time::Duration::from_secs(30));
     let zombie = (0..500).any(|_| {
         std::thread::sleep(std::time::Duration::from_millis(10));
-        std::fs::read_to_string(format!("/proc/{}/stat", target.pid)).is_ok_and(|s| {
-            s.rsplit_once(')')
-                .is_some_and(|(_, r)| r.trim_start().starts_with('Z'))
-        })
+        common::stat_fields(&format!("/proc/{}/stat", target.pid))[0] == "Z"
     });
     assert!(zombie, "short.rb did not end");
     let line = error_line(&rprof(&["record", "-p", &target.pid.to_string(), "-d", "1"]));

@@ -448,7 +448,7 @@ impl CpuWatch {
 
     /// How many CPUs' worth it has used since `start`, on average.
     pub fn cpus(&self) -> f64 {
-        (cpu_seconds(self.pid) - self.cpu) / self.began.elapsed().as_secs_f64()
+        self.seconds() / self.began.elapsed().as_secs_f64()
     }
 
     /// The CPU seconds it has used since `start`.
@@ -460,17 +460,21 @@ impl CpuWatch {
 /// The CPU time one thread of a live process has used so far, in seconds
 /// (/proc's utime + stime, in clock ticks of 10 ms).
 pub fn thread_cpu_seconds(pid: u32, tid: &str) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat"))
-        .unwrap_or_else(|e| panic!("thread {tid} of process {pid}: {e}"));
-    // After the command name, which may hold spaces: state is field 3.
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .map_or("", |(_, rest)| rest)
-        .split_whitespace()
-        .collect();
+    let fields = stat_fields(&format!("/proc/{pid}/task/{tid}/stat"));
     let ticks: u64 = fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime");
     // SAFETY: sysconf only reads a constant.
     ticks as f64 / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
+}
+
+/// The fields of a /proc stat file after the command name (which may hold
+/// spaces and parentheses): the state first (field 3 of proc(5)).
+pub fn stat_fields(path: &str) -> Vec<String> {
+    let stat = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    stat.rsplit_once(')')
+        .map_or("", |(_, rest)| rest)
+        .split_whitespace()
+        .map(str::to_string)
+        .collect()
 }
 
 /// What sampling at `hz` must give a target that used `cpu` seconds of CPU
@@ -519,14 +523,9 @@ pub fn record_with_cpu(pids: &[u32], args: &[&str]) -> (Run, Vec<f64>) {
     let mut all: Vec<&str> = others.iter().flat_map(|p| ["-p", p.as_str()]).collect();
     all.extend_from_slice(args);
     let rprof = attach(pids[0], &all);
-    let before: Vec<f64> = pids.iter().map(|&p| cpu_seconds(p)).collect();
+    let watches: Vec<CpuWatch> = pids.iter().map(|&p| CpuWatch::start(p)).collect();
     let run = rprof.finish();
-    let used = pids
-        .iter()
-        .zip(before)
-        .map(|(&p, b)| cpu_seconds(p) - b)
-        .collect();
-    (run, used)
+    (run, watches.iter().map(CpuWatch::seconds).collect())
 }
 
 /// Runs `rprof record -p PID ARGS... --format folded -o TMP` and reads the result.
