@@ -116,6 +116,10 @@ const RING_BYTES: u32 = 32 << 20;
 /// time rather than copied whole into rprof's heap, where the allocator would
 /// keep that high-water mark for good.
 pub const BATCH: usize = 1024;
+/// How long after `switch_epoch` a BPF program may still count into the old
+/// epoch (one that read the epoch just before it changed finishes within
+/// microseconds).
+pub const EPOCH_SETTLE: Duration = Duration::from_millis(2);
 
 impl Probe {
     /// Loads the BPF program (not yet attached to anything).
@@ -475,7 +479,8 @@ impl Probe {
     /// passes. libbpf's own poll would also read every record there.
     fn wait(&self, timeout: Duration) -> Result<()> {
         let mut event = libc::epoll_event { events: 0, u64: 0 };
-        let ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
+        // Rounded up: a wait of less than a millisecond must not be none.
+        let ms = i32::try_from(timeout.as_micros().div_ceil(1000)).unwrap_or(i32::MAX);
         // SAFETY: room for the one event asked for; the fd is libbpf's epoll
         // instance, open as long as the ring buffer is.
         let ready = unsafe { libc::epoll_wait(self.ring.epoll_fd(), &mut event, 1, ms) };
@@ -501,14 +506,12 @@ impl Probe {
 
     /// Closes the current counting epoch: the BPF program moves on to a new
     /// one. Returns the closed epoch, whose records the caller reads with
-    /// `poll` (with no timeout, until a batch comes back short) before
-    /// taking its counts with `take_counts`.
+    /// `poll` until [`EPOCH_SETTLE`] has passed and a batch comes back short,
+    /// before taking its counts with `take_counts`.
     pub fn switch_epoch(&mut self) -> Result<u64> {
         let closed = self.epoch;
         self.epoch += 1;
         self.write_epoch()?;
-        // A BPF program that read the old epoch finishes within microseconds.
-        std::thread::sleep(Duration::from_millis(2));
         Ok(closed)
     }
 

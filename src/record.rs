@@ -321,6 +321,7 @@ pub fn record(cfg: RecordConfig) -> Result<Option<ExitStatus>> {
         |probe: &Probe, c: &Collector| c.totals(&probe.stats().unwrap_or_default(), started.elapsed());
     // An error while recording still writes what was collected before it.
     let mut recording_error = None;
+    system::favour_recording_thread();
     loop {
         let step = (|| -> Result<bool> {
             let mut records = Vec::new();
@@ -1034,14 +1035,17 @@ impl Collector {
         now: Duration,
     ) -> Result<EpochCounts> {
         let closed = probe.switch_epoch()?;
+        let settled = Instant::now() + bpf::EPOCH_SETTLE;
         // Its records, before its counts: a count finds its stack named.
+        // New records are named while the old epoch settles, not after.
         loop {
             let mut records = Vec::new();
-            let read = probe.poll(Duration::ZERO, |r| records.push(r))?;
+            let wait = settled.saturating_duration_since(Instant::now());
+            let read = probe.poll(wait, |r| records.push(r))?;
             for r in records {
                 self.on_record(r, processes, probe)?;
             }
-            if read < bpf::BATCH {
+            if read < bpf::BATCH && Instant::now() >= settled {
                 break;
             }
         }

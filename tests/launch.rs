@@ -38,6 +38,9 @@ fn the_command_exit_status_becomes_rprofs_and_its_output_passes_through() {
     assert_eq!(output.status.code(), Some(3), "{stderr}");
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(stdout.contains("tick 3\n"), "{stdout:?}");
+    // rprof's recording thread runs ahead of the programs it profiles
+    // (system::favour_recording_thread); the command it starts does not.
+    assert!(stdout.contains("nice 0\n"), "{stdout:?}");
     // 0.6 s of CPU at 499 Hz, less the start.
     assert!(burned(&folded) > 150, "{stderr}");
 }

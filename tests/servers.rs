@@ -331,8 +331,11 @@ fn a_rails_app_keeps_its_names_with_every_cpu_busy() {
     // Each worker was sampled as much as its CPU time gives, and rendered
     // the template in TEMPLATE_SHARE of its samples at least. A Puma
     // worker's samples per second of its CPU time vary more than a busy
-    // loop's (0.79 to 1.15 in 8 workers, 2026-11-25: its threads run in
-    // bursts between requests): half to one and a half of it.
+    // loop's: 0.52 to 1.17 in 24 workers of 12 runs (2026-11-25), and `perf record -e
+    // cpu-clock -c 3344481 -a` run beside rprof on the same cluster varies
+    // as much (one worker got 0.52 of its CPU time's samples from perf
+    // while rprof's count for it was as expected), so the spread is the
+    // kernel's timer sampling on this VM, not rprof: half to one and a half.
     for (worker, cpu) in first.iter().zip(cpu) {
         let of_worker = |pred: &dyn Fn(&[String]) -> bool| -> u64 {
             run.folded
@@ -372,9 +375,13 @@ fn a_rails_app_keeps_its_names_with_every_cpu_busy() {
         .collect();
     assert!(wrong.is_empty(), "misnamed frames: {wrong:?}");
     // What is left is the per-request template code read after a GC freed
-    // it: over 18 runs 0.05 to 0.60% (median 0.2%); 0 to 0.2% in 4 runs
-    // with one more CPU burner. Before records carried what names frames
-    // late (old objects, svars, C blocks): 3.2 to 4.6%.
+    // it, when the worker collected (about 30 times a second) before rprof
+    // read the sample. Measured 2026-11-25 over 11 runs: 0.06 to 0.30%
+    // (median 0.14%) with rprof's recording thread at nice -5
+    // (system::favour_recording_thread); at nice 0, in 9 runs, 0.36 to 1.0%
+    // (records waited for the epoch's bookkeeping, up to 75 ms). Before
+    // records carried what names frames late (old objects, svars, C
+    // blocks): 3.2 to 4.6%.
     let total = run.folded.total();
     let unknown = run.folded.count(|f| f == "[unknown]");
     eprintln!("{unknown} of {total} samples with [unknown]");
