@@ -330,12 +330,14 @@ fn a_rails_app_keeps_its_names_with_every_cpu_busy() {
     eprintln!("{}", run.stderr.trim());
     // Each worker was sampled as much as its CPU time gives, and rendered
     // the template in TEMPLATE_SHARE of its samples at least. A Puma
-    // worker's samples per second of its CPU time vary more than a busy
-    // loop's: 0.52 to 1.17 in 24 workers of 12 runs (2026-11-25), and `perf record -e
-    // cpu-clock -c 3344481 -a` run beside rprof on the same cluster varies
-    // as much (one worker got 0.52 of its CPU time's samples from perf
-    // while rprof's count for it was as expected), so the spread is the
-    // kernel's timer sampling on this VM, not rprof: half to one and a half.
+    // worker's samples per second of its CPU time vary: 0.52 to 1.17 in 24
+    // workers of 12 runs (2026-11-25). The cause is rprof's own reading:
+    // woken by each record, it runs right after a sampling tick, on the
+    // other CPU just as that CPU's tick comes, and takes those ticks from
+    // the worker it displaced (a bpftrace sampler at the same rate counted
+    // both workers steadily meanwhile). Reading at random moments instead
+    // gave 1.00 to 1.07 but named less young code (open in issue 18); until
+    // then, half to one and a half.
     for (worker, cpu) in first.iter().zip(cpu) {
         let of_worker = |pred: &dyn Fn(&[String]) -> bool| -> u64 {
             run.folded
