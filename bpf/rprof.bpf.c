@@ -500,6 +500,21 @@ static __always_inline int read_gc_time(struct rprof_proc *p, struct scratch *s,
 	return 0;
 }
 
+/* Records do not wake userspace: its recording loop reads the buffer at
+ * random moments (src/pace.rs). Woken by the record of a sample, rprof ran
+ * right after each sampling tick, on another CPU just as that CPU's tick
+ * came, and those ticks found rprof instead of the thread it displaced (a
+ * Puma worker got from half to 1.17 of its share of samples). A wakeup also
+ * costs the sampled process an interrupt. A filling buffer still wakes a
+ * reader waiting on it (closing an epoch). */
+static __always_inline __u64 wakeup_flags(void)
+{
+	return bpf_ringbuf_query(&samples, BPF_RB_AVAIL_DATA) >
+		       bpf_ringbuf_query(&samples, BPF_RB_RING_SIZE) / 8
+		   ? BPF_RB_FORCE_WAKEUP
+		   : BPF_RB_NO_WAKEUP;
+}
+
 static __always_inline long emit(struct scratch *s)
 {
 	__u64 size = sizeof(s->hdr) + (__u64)s->hdr.nframes * sizeof(struct rprof_frame) +
@@ -513,11 +528,7 @@ static __always_inline long emit(struct scratch *s)
 	asm volatile("" : "+r"(size));
 	if (size > sizeof(s->hdr) + sizeof(s->body))
 		return -1;
-	/* Userspace must name a record's frames before the GC frees or moves
-	 * their code, so it is woken at once (adaptively: only the first record
-	 * after it has caught up wakes it). Records are few: one per stack and
-	 * GC time, the rest of the events are only counted. */
-	return bpf_ringbuf_output(&samples, s, size, 0);
+	return bpf_ringbuf_output(&samples, s, size, wakeup_flags());
 }
 
 /* The first word (flags) of the object at `addr`, if it is one; else 0. */
@@ -844,16 +855,9 @@ static __always_inline void process_event(__u32 change, __u32 pid, __u64 start, 
 	    .inherited = inherited,
 	};
 
-	/* No wakeup: it costs the forking process an interrupt (most of this
-	 * program's time in a VM), and userspace reads the buffer every few ms
-	 * anyway; the records behind this one keep their order. Only a filling
-	 * buffer wakes it. */
-	__u64 flags = bpf_ringbuf_query(&samples, BPF_RB_AVAIL_DATA) >
-			      bpf_ringbuf_query(&samples, BPF_RB_RING_SIZE) / 8
-			  ? BPF_RB_FORCE_WAKEUP
-			  : BPF_RB_NO_WAKEUP;
-
-	if (bpf_ringbuf_output(&samples, &e, sizeof(e), flags))
+	/* No wakeup (see wakeup_flags): it would cost the forking process an
+	 * interrupt, most of this program's time in a VM. */
+	if (bpf_ringbuf_output(&samples, &e, sizeof(e), wakeup_flags()))
 		stat_inc(RPROF_STAT_PROCESS_LOST);
 }
 

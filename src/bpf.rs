@@ -12,7 +12,7 @@ use std::time::Duration;
 use anyhow::{anyhow, Context, Result};
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 use libbpf_rs::{
-    Iter, IterOpts, Link, MapCore, MapFlags, RingBuffer, RingBufferBuilder, TracepointCategory,
+    AsRawLibbpf, Iter, IterOpts, Link, MapCore, MapFlags, RingBuffer, RingBufferBuilder, TracepointCategory,
     TracepointOpts,
 };
 
@@ -466,6 +466,28 @@ impl Probe {
         Ok(n)
     }
 
+    /// The next record: those read before first, then the ring buffer's (a
+    /// batch at a time); `None` when neither holds one. Never waits: the
+    /// recording loop reads at moments of its own choosing (see
+    /// `wakeup_flags` in bpf/rprof.bpf.c).
+    pub fn next_record(&mut self) -> Result<Option<Record>> {
+        loop {
+            let next = self.queue.borrow_mut().pop_front();
+            match next {
+                Some(data) => {
+                    if let Some(record) = parse_record(&data) {
+                        return Ok(Some(record));
+                    }
+                }
+                None => {
+                    if self.consume_batch()? == 0 {
+                        return Ok(None);
+                    }
+                }
+            }
+        }
+    }
+
     /// Moves up to [`BATCH`] records from the ring buffer to the queue.
     fn consume_batch(&self) -> Result<usize> {
         let n = self.ring.consume_raw_n(BATCH);
@@ -504,10 +526,42 @@ impl Probe {
         }
     }
 
+    /// How far BPF has written the ring buffer (bytes since it was made):
+    /// a mark for [`Probe::unread_before`].
+    pub fn written(&self) -> Result<u64> {
+        Ok(self.ring_positions()?.1)
+    }
+
+    /// Whether some record written before `mark` is still unread. Closing an
+    /// epoch reads up to the mark taken once it settled, not until the ring
+    /// buffer is empty: targets can fill it faster than a starved rprof
+    /// empties it, and the epoch would never close.
+    pub fn unread_before(&self, mark: u64) -> Result<bool> {
+        Ok(self.ring_positions()?.0 < mark)
+    }
+
+    /// The ring buffer's (consumer, producer) positions.
+    fn ring_positions(&self) -> Result<(u64, u64)> {
+        let rb = self.ring.as_libbpf_object().as_ptr();
+        // SAFETY: `rb` is the live ring buffer this probe owns; index 0 is
+        // its one ring.
+        let ring = unsafe { libbpf_sys::ring_buffer__ring(rb, 0) };
+        if ring.is_null() {
+            return Err(anyhow!("the ring buffer has no ring"));
+        }
+        // SAFETY: `ring` belongs to `rb`, which outlives this call.
+        unsafe {
+            Ok((
+                libbpf_sys::ring__consumer_pos(ring) as u64,
+                libbpf_sys::ring__producer_pos(ring) as u64,
+            ))
+        }
+    }
+
     /// Closes the current counting epoch: the BPF program moves on to a new
     /// one. Returns the closed epoch, whose records the caller reads with
-    /// `poll` until [`EPOCH_SETTLE`] has passed and a batch comes back short,
-    /// before taking its counts with `take_counts`.
+    /// `poll` until [`EPOCH_SETTLE`] has passed and then up to the
+    /// [`Probe::written`] mark, before taking its counts with `take_counts`.
     pub fn switch_epoch(&mut self) -> Result<u64> {
         let closed = self.epoch;
         self.epoch += 1;

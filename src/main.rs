@@ -8,6 +8,7 @@ mod error;
 mod gc_time;
 mod heap_log;
 mod launch;
+mod pace;
 mod process;
 mod processes;
 mod proof;

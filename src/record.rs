@@ -20,6 +20,7 @@ use crate::error::UserError;
 use crate::gc_time::{GcTime, SampleTime};
 use crate::heap_log::HeapLog;
 use crate::launch::{self, StopSignals};
+use crate::pace::{Every, Pace};
 use crate::process::Process;
 use crate::processes::{self, Counts, Followed, ProcessId, Processes};
 use crate::proof;
@@ -37,7 +38,6 @@ use crate::unwind::{self, Unwinder};
 pub const MAX_FREQUENCY: u64 = 100_000;
 /// How often the in-kernel counts are collected.
 const EPOCH: Duration = Duration::from_millis(500);
-const POLL: Duration = Duration::from_millis(10);
 
 pub enum Target {
     Pids(Vec<u32>),
@@ -322,13 +322,24 @@ pub fn record(cfg: RecordConfig) -> Result<Option<ExitStatus>> {
     // An error while recording still writes what was collected before it.
     let mut recording_error = None;
     system::favour_recording_thread();
+    let mut pace = Pace::new();
+    // Exits come as records; this is for a target that ends otherwise (a
+    // PID rprof follows without its exit, an exec).
+    let mut liveness = Every::new(Duration::from_millis(20));
+    let time_is_up =
+        |signals: &StopSignals| signals.stopped() || cfg.duration.is_some_and(|d| started.elapsed() >= d);
     loop {
         let step = (|| -> Result<bool> {
-            let mut records = Vec::new();
-            probe.poll(POLL, |r| records.push(r))?;
-            for r in records {
+            pace.sleep();
+            // A batch at most, and no further once time is up: a starved
+            // rprof still stops when asked (the rest is read at the end).
+            let mut read = 0;
+            while read < bpf::BATCH && !time_is_up(&signals) {
+                let Some(r) = probe.next_record()? else { break };
                 collector.on_record(r, &mut processes, &mut probe)?;
+                read += 1;
             }
+            pace.read(read, read == bpf::BATCH);
             processes.inspect_pending(&mut probe)?;
             collector.warm(&processes, cfg.kernel);
             for f in processes.all() {
@@ -340,10 +351,9 @@ pub fn record(cfg: RecordConfig) -> Result<Option<ExitStatus>> {
             let command_ended = child
                 .as_mut()
                 .is_some_and(|c: &mut Child| matches!(c.try_wait(), Ok(Some(_))));
-            if signals.stopped()
-                || cfg.duration.is_some_and(|d| started.elapsed() >= d)
+            if time_is_up(&signals)
                 || command_ended
-                || (child.is_none() && !processes.any_alive())
+                || (child.is_none() && liveness.due() && !processes.any_alive())
             {
                 return Ok(true);
             }
@@ -375,9 +385,11 @@ pub fn record(cfg: RecordConfig) -> Result<Option<ExitStatus>> {
         }
     }
     probe.detach();
-    match collector.close_epoch(&mut probe, &mut processes, true, started.elapsed()) {
+    // What was recorded: a starved rprof may take a while to name the rest.
+    let recorded = started.elapsed();
+    match collector.close_epoch(&mut probe, &mut processes, true, recorded) {
         Ok(counts) => {
-            let totals = totals(&probe, &collector);
+            let totals = collector.totals(&probe.stats().unwrap_or_default(), recorded);
             if let Err(e) = sinks.epoch(&counts, &totals, &progress) {
                 recording_error.get_or_insert(e);
             }
@@ -388,7 +400,7 @@ pub fn record(cfg: RecordConfig) -> Result<Option<ExitStatus>> {
     }
     progress.finish();
     let stats = probe.stats().unwrap_or_default();
-    let summary = collector.totals(&stats, started.elapsed());
+    let summary = collector.totals(&stats, recorded);
     let ruby_version = Vec::from_iter(processes.ruby_versions.iter().cloned()).join(", ");
     for f in processes.all() {
         probe.remove_process(f.id.pid);
@@ -1037,16 +1049,24 @@ impl Collector {
         let closed = probe.switch_epoch()?;
         let settled = Instant::now() + bpf::EPOCH_SETTLE;
         // Its records, before its counts: a count finds its stack named.
-        // New records are named while the old epoch settles, not after.
+        // New records are named while the old epoch settles, not after; then
+        // what was written up to then, and no more (targets may write faster
+        // than a starved rprof reads).
+        let mut mark = None;
         loop {
             let mut records = Vec::new();
             let wait = settled.saturating_duration_since(Instant::now());
-            let read = probe.poll(wait, |r| records.push(r))?;
+            probe.poll(wait.max(bpf::EPOCH_SETTLE / 2), |r| records.push(r))?;
             for r in records {
                 self.on_record(r, processes, probe)?;
             }
-            if read < bpf::BATCH && Instant::now() >= settled {
-                break;
+            if mark.is_none() && Instant::now() >= settled {
+                mark = Some(probe.written()?);
+            }
+            if let Some(mark) = mark {
+                if !probe.unread_before(mark)? {
+                    break;
+                }
             }
         }
         let counts = probe.take_counts(closed)?;

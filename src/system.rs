@@ -148,7 +148,8 @@ const RECORDING_NICE: i32 = -5;
 /// the target's memory, which must happen before the target's GC frees the
 /// code they ran (per-request code, such as Rails's inline templates); a
 /// Rails worker under load collects about 30 times a second. Measured with
-/// tests/servers.rs's Rails test (2026-11-25, both CPUs busy): at nice 0
+/// tests/servers.rs's Rails test (2026-11-25, both CPUs busy, rprof then
+/// woken by each record rather than reading at random moments): at nice 0
 /// records waited up to 75 ms (p99 51–54 ms) and 0.36–1.0% of samples lost
 /// a name (9 runs); at -5, p99 14–21 ms and 0.06–0.30% (11 runs). rprof
 /// does the same work (about a tenth of a CPU there), only sooner. Linux's

@@ -94,7 +94,7 @@ impl Memory {
         &self.layout
     }
 
-    fn is_object(v: u64) -> bool {
+    pub fn is_object(v: u64) -> bool {
         v >= 0x1000 && v & 7 == 0
     }
 

@@ -260,7 +260,8 @@ impl Resolver {
         let mut out: Vec<_> = frames
             .iter()
             .zip(&trust)
-            .map(|(f, &t)| self.frame(f, t, sample))
+            .enumerate()
+            .map(|(i, (f, &t))| self.frame(f, t, sample, i == 0))
             .collect();
         // A GC's unsettled moments (between counting itself and marking, at
         // its very end) last microseconds: wait them out here, as later the
@@ -272,7 +273,7 @@ impl Resolver {
                 self.now = Some(before.time);
                 let fresh: Vec<_> = (0..frames.len())
                     .filter(|&i| out[i] == Err(Unknown::NotYet))
-                    .map(|i| (i, self.frame(&frames[i], trust[i], sample)))
+                    .map(|i| (i, self.frame(&frames[i], trust[i], sample, i == 0)))
                     .collect();
                 self.now = None;
                 let after = self.read_clock();
@@ -329,7 +330,7 @@ impl Resolver {
             if matches!(out[i], Err(Unknown::Unreadable | Unknown::Collected)) {
                 self.now = None;
                 let trust = PcTrust::of(f, i == 0, self.mjit_on);
-                out[i] = match self.frame(f, trust, before) {
+                out[i] = match self.frame(f, trust, before, i == 0) {
                     Ok(frame) if frame.line.is_some() => Ok(frame),
                     _ => Err(Unknown::Unreadable),
                 };
@@ -386,6 +387,7 @@ impl Resolver {
         f: &types::rprof_frame,
         trust: PcTrust,
         sample: SampleTime,
+        leaf: bool,
     ) -> Result<Frame, Unknown> {
         if f.flags & types::rprof_frame_flags::RPROF_FRAME_IFUNC.0 != 0 {
             // A block written in C: Ruby's backtraces leave it out.
@@ -394,7 +396,7 @@ impl Resolver {
         if f.iseq != 0 {
             self.ruby_frame(f.iseq, f.pc, f.cme, trust, sample)
         } else {
-            self.cfunc_label(f.cme, sample).map(Frame::cmethod)
+            self.cfunc_label(f.cme, sample, leaf).map(Frame::cmethod)
         }
     }
 
@@ -470,8 +472,23 @@ impl Resolver {
     }
 
     /// The label Ruby 3.4 prints for a C method: `Integer#times`, `File.exist?`.
-    fn cfunc_label(&mut self, cme: u64, sample: SampleTime) -> Result<String, Unknown> {
-        let m = self.method(cme, sample)?.0.ok_or(Unknown::Unreadable)?;
+    /// A `leaf` frame without code whose method-entry slot holds no method
+    /// entry is one Ruby is still pushing: it has set `ec->cfp` but not yet
+    /// written the slot, which holds whatever the stack held there before
+    /// (Ruby 2.7, in Integer#^ and other short C methods: 7 of 49 samples
+    /// in one). The thread still runs its caller's call instruction, so the
+    /// frame is left out, as it is from Ruby's backtraces (as are dummy
+    /// frames, which have no method entry either).
+    fn cfunc_label(&mut self, cme: u64, sample: SampleTime, leaf: bool) -> Result<String, Unknown> {
+        // Not an object's address: a special constant (Qnil, a Fixnum...).
+        if leaf && !Memory::is_object(cme) {
+            return Err(Unknown::NotAFrame);
+        }
+        let m = match self.method(cme, sample)?.0 {
+            Some(m) => m,
+            None if leaf => return Err(Unknown::NotAFrame),
+            None => return Err(Unknown::Unreadable),
+        };
         let name = self.id_name(m.original_id.ok_or(Unknown::Unreadable)?)?;
         self.method_name(m.owner, &name, sample)
     }

@@ -1,0 +1,91 @@
+//! When the recording loop reads the ring buffer.
+//!
+//! BPF never wakes rprof for a record (`wakeup_flags` in bpf/rprof.bpf.c):
+//! woken by the record of each sample, rprof ran right after every sampling
+//! tick, on another CPU just as that CPU's tick came (the per-CPU timers
+//! start microseconds apart and keep their phase), and those ticks found
+//! rprof instead of the thread it had displaced. A Puma worker got from half
+//! to 1.17 of its share of samples (24 workers, 2026-11-25) while a bpftrace
+//! sampler at the same rate counted it steadily. Reading at random moments
+//! instead, rprof displaces threads as often at a tick as anywhere else.
+
+use std::ops::RangeInclusive;
+use std::time::{Duration, Instant};
+
+/// The recording loop's waits between readings.
+pub struct Pace {
+    /// When the last record came.
+    last_record: Instant,
+    /// The last reading stopped at a full batch: more is waiting.
+    backlog: bool,
+}
+
+impl Pace {
+    /// The wait, in µs, while records come: a record's frames must be named
+    /// before the target's GC frees their code (per-request code, churn),
+    /// and a reading when none is there costs a few µs.
+    const BUSY_US: RangeInclusive<u64> = 100..=400;
+    /// ... and once none came for [`Pace::QUIET`].
+    const IDLE_US: RangeInclusive<u64> = 2_000..=6_000;
+    const QUIET: Duration = Duration::from_millis(100);
+
+    /// A pace for the calling thread, whose sleeps then end when asked:
+    /// Linux lets a sleep run up to 50 µs long by default, to the next timer
+    /// interrupt, which may be a sampling tick's.
+    pub fn new() -> Self {
+        // SAFETY: changes only this thread's timer slack (1 ns).
+        unsafe {
+            libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong, 0, 0, 0);
+        }
+        Self {
+            last_record: Instant::now(),
+            backlog: false,
+        }
+    }
+
+    /// Sleeps until the next reading: not at all with a backlog.
+    pub fn sleep(&self) {
+        if self.backlog {
+            return;
+        }
+        let range = if self.last_record.elapsed() < Self::QUIET {
+            Self::BUSY_US
+        } else {
+            Self::IDLE_US
+        };
+        std::thread::sleep(Duration::from_micros(fastrand::u64(range)));
+    }
+
+    /// A reading took `n` records; `full` if it stopped with more left.
+    pub fn read(&mut self, n: usize, full: bool) {
+        self.backlog = full;
+        if n > 0 {
+            self.last_record = Instant::now();
+        }
+    }
+}
+
+/// Something the recording loop does now and then, not at every reading
+/// (up to a few thousand a second).
+pub struct Every {
+    period: Duration,
+    last: Instant,
+}
+
+impl Every {
+    pub fn new(period: Duration) -> Self {
+        Self {
+            period,
+            last: Instant::now(),
+        }
+    }
+
+    /// Whether a period has passed since it was last due.
+    pub fn due(&mut self) -> bool {
+        let due = self.last.elapsed() >= self.period;
+        if due {
+            self.last = Instant::now();
+        }
+        due
+    }
+}
