@@ -61,6 +61,7 @@ bench: build
 	bench/overhead
 	bench/syscall-storm
 	bench/sample-cost
+	bench/reader-cost
 	bench/cluster
 	bench/forks
 	bench/native

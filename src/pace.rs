@@ -14,6 +14,8 @@ use std::time::{Duration, Instant};
 
 /// The recording loop's waits between readings.
 pub struct Pace {
+    /// The wait, in µs, while records come.
+    busy_us: RangeInclusive<u64>,
     /// When the last record came.
     last_record: Instant,
     /// The last reading stopped at a full batch: more is waiting.
@@ -21,23 +23,26 @@ pub struct Pace {
 }
 
 impl Pace {
-    /// The wait, in µs, while records come: a record's frames must be named
-    /// before the target's GC frees their code (per-request code, churn),
-    /// and a reading when none is there costs a few µs.
-    const BUSY_US: RangeInclusive<u64> = 100..=400;
-    /// ... and once none came for [`Pace::QUIET`].
-    const IDLE_US: RangeInclusive<u64> = 2_000..=6_000;
-    const QUIET: Duration = Duration::from_millis(100);
+    /// The wait once no record came for [`Pace::QUIET`]. Each wakeup costs
+    /// tens of µs in a VM (bench/reader-cost).
+    const IDLE_US: RangeInclusive<u64> = 5_000..=15_000;
+    const QUIET: Duration = Duration::from_millis(20);
 
-    /// A pace for the calling thread, whose sleeps then end when asked:
-    /// Linux lets a sleep run up to 50 µs long by default, to the next timer
-    /// interrupt, which may be a sampling tick's.
-    pub fn new() -> Self {
+    /// A pace for sampling every `period` (per CPU), for the calling
+    /// thread. While records come, it reads every 1/20 to 1/5 of a period
+    /// (0.1 to 0.4 ms at 499 Hz): a record's frames must be named before the
+    /// target's GC frees their code (per-request code, churn), but each
+    /// reading costs a wakeup, and records come at most once a period per
+    /// CPU. Its sleeps end when asked: Linux lets a sleep run up to 50 µs
+    /// long by default, to the next timer interrupt, which may be a tick's.
+    pub fn new(period: Duration) -> Self {
         // SAFETY: changes only this thread's timer slack (1 ns).
         unsafe {
             libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong, 0, 0, 0);
         }
+        let us = period.as_micros() as u64;
         Self {
+            busy_us: (us / 20).max(50)..=(us / 5).max(200),
             last_record: Instant::now(),
             backlog: false,
         }
@@ -49,7 +54,7 @@ impl Pace {
             return;
         }
         let range = if self.last_record.elapsed() < Self::QUIET {
-            Self::BUSY_US
+            self.busy_us.clone()
         } else {
             Self::IDLE_US
         };

@@ -322,7 +322,11 @@ pub fn record(cfg: RecordConfig) -> Result<Option<ExitStatus>> {
     // An error while recording still writes what was collected before it.
     let mut recording_error = None;
     system::favour_recording_thread();
-    let mut pace = Pace::new();
+    let mut pace = Pace::new(match cfg.event {
+        EventSpec::Cpu { frequency } => Duration::from_secs(1) / frequency.max(1) as u32,
+        // Traced events come whenever the target makes them, not at ticks.
+        EventSpec::Syscalls(_) => Duration::from_millis(2),
+    });
     // Exits come as records; this is for a target that ends otherwise (a
     // PID rprof follows without its exit, an exec).
     let mut liveness = Every::new(Duration::from_millis(20));

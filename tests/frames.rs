@@ -457,9 +457,10 @@ fn check_code_churn(r: &Ruby) {
         );
         // Counted, never named wrongly. Before records carried what names
         // them late (old objects, svars, C blocks) a busy machine gave up to
-        // 1.4%. Measured 2026-11-26 (rprof reading every 0.1 to 0.4 ms, a
-        // C method's frame caught being pushed left out), 2 rounds of this
-        // test on every Ruby: at most 0.35% in a run, saturated or not.
+        // 1.4%. Measured 2026-11-26 (rprof reading every 0.1 to 0.4 ms at
+        // 499 Hz, a C method's frame caught being pushed left out), 3
+        // rounds of this test on every Ruby: at most 0.54% in a run (8 of
+        // 1470, Ruby 3.3 saturated), 0.47% on Ruby 2.7, saturated or not.
         // Reading every 0.2 to 0.8 ms instead: up to 1.14% (Ruby 3.1, idle);
         // woken by each record, with half-pushed frames [unknown]: 0.53 to
         // 0.94% on Ruby 2.7.

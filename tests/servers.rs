@@ -330,8 +330,10 @@ fn a_rails_app_keeps_its_names_with_every_cpu_busy() {
     eprintln!("{}", run.stderr.trim());
     // Each worker was sampled as much as its CPU time gives, and rendered
     // the template in TEMPLATE_SHARE of its samples at least. Measured
-    // 2026-11-26: 1.00 to 1.06 samples per 299th of a CPU-second in 22
-    // workers of 11 runs (about 2,300 samples each: Poisson's spread is 2%).
+    // 2026-11-26: 1.00 to 1.10 samples per 299th of a CPU-second in 6
+    // workers of 3 runs as committed, 1.00 to 1.13 in 40 workers of 20 runs
+    // over the ways of pacing tried (about 2,300 samples each: Poisson's
+    // spread is 2%).
     // Before rprof read the ring buffer at random moments (src/pace.rs),
     // its reading, woken by each record, took the next CPU's ticks from the
     // worker it displaced: 0.52 to 1.17 in 24 workers of 12 runs.
@@ -375,9 +377,10 @@ fn a_rails_app_keeps_its_names_with_every_cpu_busy() {
     assert!(wrong.is_empty(), "misnamed frames: {wrong:?}");
     // What is left is the per-request template code read after a GC freed
     // it, when the worker collected (about 30 times a second) before rprof
-    // read the sample. Measured 2026-11-26, rprof reading every 0.1 to 0.4
-    // ms: 0.08 to 0.29% in 4 runs (0.14 to 0.23% in 7 runs reading every
-    // 0.2 to 0.8 ms). Woken by each record (2026-11-25): 0.06 to 0.30% in 11
+    // read the sample. Measured 2026-11-26, rprof reading every 0.17 to
+    // 0.67 ms (src/pace.rs at 299 Hz): 0.18 to 0.41% in 3 runs; 0.08 to
+    // 0.33% in 7 runs of the variants tried. Woken by each record
+    // (2026-11-25): 0.06 to 0.30% in 11
     // runs with its recording thread at nice -5
     // (system::favour_recording_thread), 0.36 to 1.0% in 9 at nice 0
     // (records waited for the epoch's bookkeeping, up to 75 ms). Before

@@ -664,7 +664,14 @@ fn lookup<T: Clone>(
     let Some(now) = now else {
         return Err(Unknown::NotYet);
     };
-    let header = memory.header(addr).ok_or(Unknown::Unreadable)?;
+    // An object's address that cannot be read: the GC freed its page, so
+    // it freed the object first (callers read Unreadable as "no object
+    // there": a frame outside any method has no method entry).
+    let header = memory.header(addr).ok_or(if Memory::is_object(addr) {
+        Unknown::Collected
+    } else {
+        Unknown::Unreadable
+    })?;
     let stamp = Stamp::read_at(now, header.old);
     // Whatever is at the address now may not be what the sample saw.
     if !sample.holds(|t| stamp.describes(log, t, sample.old)) {
