@@ -435,9 +435,9 @@ impl Resolver {
 
     /// The owner of the method entry at `cme`, if that is one (a frame
     /// outside any method has a cref there); a method's label then needs it.
-    fn owner(&mut self, cme: u64, sample: SampleTime) -> Result<Option<u64>, Unknown> {
+    fn owner(&mut self, cme: u64, sample: SampleTime) -> Result<Option<Owner>, Unknown> {
         match self.method(cme, sample) {
-            Ok((m, _, _)) => Ok(m.and_then(|m| m.owner)),
+            Ok((m, _, current)) => Ok(m.and_then(|m| m.owner).map(|at| Owner { at, pinned: current })),
             Err(Unknown::Unreadable) => Ok(None),
             Err(e) => Err(e),
         }
@@ -484,20 +484,21 @@ impl Resolver {
         if leaf && !Memory::is_object(cme) {
             return Err(Unknown::NotAFrame);
         }
-        let m = match self.method(cme, sample)?.0 {
-            Some(m) => m,
-            None if leaf => return Err(Unknown::NotAFrame),
-            None => return Err(Unknown::Unreadable),
+        let (m, current) = match self.method(cme, sample)? {
+            (Some(m), _, current) => (m, current),
+            (None, ..) if leaf => return Err(Unknown::NotAFrame),
+            (None, ..) => return Err(Unknown::Unreadable),
         };
         let name = self.id_name(m.original_id.ok_or(Unknown::Unreadable)?)?;
-        self.method_name(m.owner, &name, sample)
+        let owner = m.owner.map(|at| Owner { at, pinned: current });
+        self.method_name(owner, &name, sample)
     }
 
     /// Ruby 3.4's calculate_iseq_label: methods qualified by their owner,
     /// blocks named after the method they are in.
     fn iseq_label(
         &mut self,
-        owner: Option<u64>,
+        owner: Option<Owner>,
         addr: u64,
         sample: SampleTime,
         depth: u32,
@@ -545,9 +546,23 @@ impl Resolver {
 
     /// rb_gen_method_name: `Owner#name`, `Owner.name` for singleton methods,
     /// the bare name when the owner has no permanent name.
-    fn method_name(&mut self, owner: Option<u64>, name: &str, sample: SampleTime) -> Result<String, Unknown> {
-        let Some(owner) = owner else {
+    fn method_name(
+        &mut self,
+        owner: Option<Owner>,
+        name: &str,
+        sample: SampleTime,
+    ) -> Result<String, Unknown> {
+        let Some(Owner { at: owner, pinned }) = owner else {
             return Ok(name.to_string());
+        };
+        // A method entry that is the same object at the sample and now kept
+        // its owner alive in between (it marks it), so the class read now is
+        // the sample's. Classes Ruby will not promote (Ruby 2.7's Kernel,
+        // written to without a barrier, stays young) are then named however
+        // many GCs late rprof reads.
+        let sample = match (pinned, self.now) {
+            (true, Some(now)) => SampleTime::at(now),
+            _ => sample,
         };
         let named = |c: &Class| match c {
             Class::Named(Some((path, true))) => Some(path.clone()),
@@ -625,6 +640,14 @@ impl Resolver {
             |m, h| Some(Rc::new(m.class(addr, h))),
         )
     }
+}
+
+/// The class a method entry belongs to; `pinned` when the entry is known to
+/// be the same object at the sample and now.
+#[derive(Debug, Clone, Copy)]
+struct Owner {
+    at: u64,
+    pinned: bool,
 }
 
 /// The iseqs and method entries BPF saw old when it sent the sample's record.
