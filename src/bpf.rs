@@ -472,18 +472,22 @@ impl Probe {
     /// `wakeup_flags` in bpf/rprof.bpf.c).
     pub fn next_record(&mut self) -> Result<Option<Record>> {
         loop {
-            let next = self.queue.borrow_mut().pop_front();
-            match next {
-                Some(data) => {
-                    if let Some(record) = parse_record(&data) {
-                        return Ok(Some(record));
-                    }
-                }
-                None => {
-                    if self.consume_batch()? == 0 {
-                        return Ok(None);
-                    }
-                }
+            if let Some(record) = self.queued() {
+                return Ok(Some(record));
+            }
+            if self.consume_batch()? == 0 {
+                return Ok(None);
+            }
+        }
+    }
+
+    /// The next record read from the ring buffer and not yet handed out
+    /// (ones that do not parse are skipped).
+    fn queued(&self) -> Option<Record> {
+        loop {
+            let data = self.queue.borrow_mut().pop_front()?;
+            if let Some(record) = parse_record(&data) {
+                return Some(record);
             }
         }
     }
@@ -517,12 +521,8 @@ impl Probe {
     }
 
     fn drain_queue(&mut self, f: &mut impl FnMut(Record)) {
-        loop {
-            let next = self.queue.borrow_mut().pop_front();
-            let Some(data) = next else { break };
-            if let Some(record) = parse_record(&data) {
-                f(record);
-            }
+        while let Some(record) = self.queued() {
+            f(record);
         }
     }
 
