@@ -48,7 +48,7 @@
 use std::collections::VecDeque;
 use std::fmt;
 
-use crate::process::Process;
+use crate::address_space::AddressSpace;
 
 /// A point on the target GC's timeline: `2 * count + phase` (see the module doc).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -176,14 +176,26 @@ pub struct Reading {
     pub unsettled: bool,
 }
 
+impl Reading {
+    /// The clock of memory that never changes (a core dump): one settled
+    /// time, before any collection.
+    pub const STILL: Reading = Reading {
+        time: GcTime(1),
+        majors_before: 0,
+        majors_after: 0,
+        majors_through: 0,
+        unsettled: false,
+    };
+}
+
 impl GcClock {
     /// Reads the clock (one system call).
-    pub fn read(&self, process: &Process) -> Option<Reading> {
+    pub fn read(&self, space: &dyn AddressSpace) -> Option<Reading> {
         let mut major_a = [0u8; 8];
         let mut count = [0u8; 8];
         let mut flags = [0u8; 4];
         let mut major_b = [0u8; 8];
-        process
+        space
             .read_many(&mut [
                 (self.major_count, &mut major_a[..]),
                 (self.count, &mut count[..]),

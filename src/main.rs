@@ -1,5 +1,6 @@
 //! rprof: parses the command line, runs it, prints errors. Nothing else.
 
+mod address_space;
 mod bpf;
 mod cli;
 mod disasm;

@@ -162,18 +162,6 @@ impl Process {
         Ok(())
     }
 
-    pub fn read_u64(&self, addr: u64) -> io::Result<u64> {
-        let mut b = [0u8; 8];
-        self.read(addr, &mut b)?;
-        Ok(u64::from_le_bytes(b))
-    }
-
-    pub fn read_u32(&self, addr: u64) -> io::Result<u32> {
-        let mut b = [0u8; 4];
-        self.read(addr, &mut b)?;
-        Ok(u32::from_le_bytes(b))
-    }
-
     /// A NUL-terminated string of at most `max` bytes.
     pub fn read_cstr(&self, addr: u64, max: usize) -> io::Result<String> {
         let mut buf = vec![0u8; max];
@@ -268,6 +256,7 @@ mod tests {
 
     #[test]
     fn reads_our_own_memory() {
+        use crate::address_space::AddressSpace;
         let me = Process::open(std::process::id()).expect("we exist");
         let value: u64 = 0x1234_5678_9abc_def0;
         let got = me.read_u64(&value as *const u64 as u64).expect("readable");

@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use ruby_structs::Layout;
 
+use crate::address_space::AddressSpace;
 use crate::gc_time::GcClock;
 use crate::process::Process;
 use crate::resolve::memory::{Class, Header, Memory};
@@ -83,11 +84,7 @@ fn check(target: &RubyTarget, threads: &[(u32, u64)]) -> Result<(), Failure> {
     let p = Prover {
         process: target.process,
         layout: &target.layout,
-        mem: Memory::new(
-            target.process,
-            target.layout.clone(),
-            target.global_symbols.clone(),
-        ),
+        mem: Memory::of_target(target),
         mjit_running: target.mjit_on.is_some_and(|on| {
             let mut b = [0u8];
             target.process.read(on, &mut b).is_ok_and(|()| b[0] != 0)

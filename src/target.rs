@@ -9,6 +9,7 @@ use std::rc::Rc;
 use anyhow::{Context, Result};
 use ruby_structs::{Layout, RubyVersion};
 
+use crate::address_space::AddressSpace;
 use crate::bpf::types;
 use crate::disasm::{self, TlsAccess};
 use crate::elf::{self, ElfImage, TlsReloc};
@@ -55,6 +56,8 @@ pub struct RubyTarget {
     pub description: String,
     /// Where `rb_cObject` is: a class whose name is known, for the proof.
     pub object_class: Option<u64>,
+    /// Where `ruby_current_vm_ptr` is (Ruby 3.2 names classes through the VM).
+    pub vm_ptr: Option<u64>,
 }
 
 impl RubyTarget {
@@ -125,6 +128,7 @@ impl RubyTarget {
             .and_then(|s| process.read_cstr(bias + s.value, 256).ok())
             .unwrap_or_else(|| format!("Ruby {version}"));
         let object_class = image.symbol("rb_cObject").map(|s| bias + s.value);
+        let vm_ptr = image.symbol("ruby_current_vm_ptr").map(|s| bias + s.value);
         Ok(Self {
             process,
             start_ticks,
@@ -137,6 +141,7 @@ impl RubyTarget {
             mjit_on,
             description,
             object_class,
+            vm_ptr,
         })
     }
 
@@ -272,7 +277,10 @@ fn find_gc_clock(process: &Process, image: &ElfImage, bias: u64, layout: &Layout
     let (during, during_at) = code("rb_during_gc")?;
     let chain = disasm::load_chain(&during, during_at)
         .filter(|c| c.offsets.len() >= 2)
-        .context("rb_during_gc does not read vm->objspace->flags as expected")?;
+        .context(
+            "rb_during_gc does not read vm->objspace->flags as expected (a Ruby built \
+             --with-modular-gc calls its GC through a table of functions, which rprof cannot follow)",
+        )?;
     let (count_code, count_at) = code("rb_gc_count")?;
     let count_off = disasm::last_load_into_rax(&count_code, count_at)
         .context("rb_gc_count does not read objspace->profile.count as expected")?;
@@ -453,7 +461,15 @@ pub struct GlobalSymbols {
 }
 
 impl GlobalSymbols {
-    pub fn base(&self, process: &Process, layout: &Layout) -> Option<u64> {
+    /// The table at a known address (the `ruby_global_symbols` symbol).
+    pub fn at(addr: u64) -> Self {
+        Self {
+            found: Cell::new(Some(addr)),
+            candidates: Rc::from([]),
+        }
+    }
+
+    pub fn base(&self, space: &dyn AddressSpace, layout: &Layout) -> Option<u64> {
         if let Some(base) = self.found.get() {
             return Some(base);
         }
@@ -461,20 +477,20 @@ impl GlobalSymbols {
             .candidates
             .iter()
             .copied()
-            .find(|&base| is_symbol_table(process, base, layout))?;
+            .find(|&base| is_symbol_table(space, base, layout))?;
         self.found.set(Some(base));
         Some(base)
     }
 }
 
-fn is_symbol_table(process: &Process, base: u64, layout: &Layout) -> bool {
+fn is_symbol_table(space: &dyn AddressSpace, base: u64, layout: &Layout) -> bool {
     let check = || -> Option<bool> {
-        let last_id = process.read_u32(base + layout.symbols.last_id as u64).ok()?;
-        let ids = process.read_u64(base + layout.symbols.ids as u64).ok()?;
+        let last_id = space.read_u32(base + layout.symbols.last_id as u64).ok()?;
+        let ids = space.read_u64(base + layout.symbols.ids as u64).ok()?;
         if !(100..100_000_000).contains(&last_id) || ids == 0 || ids & 7 != 0 {
             return Some(false);
         }
-        let flags = process.read_u64(ids).ok()?;
+        let flags = space.read_u64(ids).ok()?;
         Some(flags & layout.value.type_mask == layout.value.t_array)
     };
     check().unwrap_or(false)
@@ -482,10 +498,7 @@ fn is_symbol_table(process: &Process, base: u64, layout: &Layout) -> bool {
 
 fn find_global_symbols(process: &Process, image: &ElfImage, bias: u64, layout: &Layout) -> GlobalSymbols {
     if let Some(sym) = image.symbol("ruby_global_symbols") {
-        return GlobalSymbols {
-            found: Cell::new(Some(bias + sym.value)),
-            candidates: Rc::from([]),
-        };
+        return GlobalSymbols::at(bias + sym.value);
     }
     let mut candidates = Vec::new();
     if let Some(id2str) = image.symbol("rb_id2str") {

@@ -196,13 +196,36 @@ pub struct Class {
     /// ... and of the ivar table in it, where `__classpath__`, `__tmp_classpath__`
     /// and `__attached__` are stored.
     pub ext_iv_tbl: Option<u32>,
-    /// From 3.3: `rb_classext_t` sits right after `struct RClass`, here ...
+    /// From 3.2: `rb_classext_t` sits right after `struct RClass`, here ...
     pub ext_embedded: Option<u32>,
-    /// ... holding these fields.
+    /// ... holding (3.2) the array of the class's ivars, indexed through
+    /// its shape (`Shapes`) ...
+    pub ext_iv_ptr: Option<u32>,
+    /// ... or (3.3 on) these fields.
     pub ext_classpath: Option<u32>,
     pub ext_attached_object: Option<u32>,
     pub ext_permanent_classpath_byte: Option<u32>,
     pub ext_permanent_classpath_mask: Option<u8>,
+}
+
+/// Ruby 3.2's object shapes: an object's ivars sit in an array, and its
+/// shape (`flags >> id_shift`, an index into `vm->shape_list`) says which ivar
+/// is where. Each shape adds one ivar (`edge_name`, at `next_iv_index - 1`)
+/// to its parent's; the root has no parent (`parent_id` all ones).
+#[derive(Debug, Clone, Deserialize)]
+pub struct Shapes {
+    pub id_shift: u32,
+    /// Offset of `shape_list` in `rb_vm_t`.
+    pub vm_shape_list: u32,
+    /// `sizeof(rb_shape_t)` and its fields.
+    pub size: u32,
+    pub edge_name: u32,
+    pub next_iv_index: u32,
+    #[serde(rename = "type")]
+    pub type_: u32,
+    pub parent_id: u32,
+    /// `SHAPE_IVAR`: a shape that adds an ivar.
+    pub type_ivar: u8,
 }
 
 /// `st_table` and its entries.
@@ -223,7 +246,11 @@ pub struct Symbols {
     pub last_op_id: u64,
     pub id_scope_shift: u32,
     pub id_entry_unit: u64,
+    /// The serial of the newest symbol (`last_id`) ...
     pub last_id: u32,
+    /// ... or, from 4.0, of the next one (`next_id`): IDs below it exist.
+    #[serde(default)]
+    pub last_id_is_next: bool,
     pub ids: u32,
 }
 
@@ -243,6 +270,8 @@ pub struct Layout {
     pub array: RArray,
     pub value: Value,
     pub class: Class,
+    /// Ruby 3.2 only.
+    pub shapes: Option<Shapes>,
     pub st_table: StTable,
     pub symbols: Symbols,
     pub gc: Gc,
@@ -254,8 +283,11 @@ pub struct Layout {
 const LAYOUTS: &[(&str, &str)] = &[
     ("2.7", include_str!("../layouts/2.7.toml")),
     ("3.1", include_str!("../layouts/3.1.toml")),
+    ("3.2", include_str!("../layouts/3.2.toml")),
     ("3.3", include_str!("../layouts/3.3.toml")),
     ("3.4", include_str!("../layouts/3.4.toml")),
+    ("4.0", include_str!("../layouts/4.0.toml")),
+    ("4.0.6", include_str!("../layouts/4.0.6.toml")),
 ];
 
 /// A Ruby version, as `ruby_version` spells it ("3.1.2").
@@ -412,11 +444,11 @@ mod tests {
 
     #[test]
     fn versions_parse_and_unknown_ones_suggest_the_nearest() {
-        let v = RubyVersion::parse("3.2.4").expect("parses");
-        assert_eq!(v.to_string(), "3.2.4");
-        let err = layout_for(v).expect_err("3.2 has no layout");
-        assert!(err.to_string().contains("--force-version 3.1"), "{err}");
-        assert_eq!(nearest(RubyVersion::parse("4.0.0").expect("parses")), "3.4");
+        let v = RubyVersion::parse("3.0.4").expect("parses");
+        assert_eq!(v.to_string(), "3.0.4");
+        let err = layout_for(v).expect_err("3.0 has no layout");
+        assert!(err.to_string().contains("--force-version 2.7"), "{err}");
+        assert_eq!(nearest(RubyVersion::parse("4.1.0").expect("parses")), "4.0");
         assert_eq!(nearest(RubyVersion::parse("2.6.0").expect("parses")), "2.7");
         assert!(layout_for(RubyVersion::parse("3.1.2").expect("parses")).is_ok());
     }

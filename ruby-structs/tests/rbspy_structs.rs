@@ -287,6 +287,39 @@ macro_rules! ruby_3_1 {
     }};
 }
 
+/// 3.2: the native thread struct (no M:N threads yet), strings with their
+/// length in the header, class ivars found through object shapes.
+macro_rules! ruby_3_2 {
+    ($($m:ident => $v:literal),* $(,)?) => {{
+        let mut wrong = Vec::new();
+        $({
+            use rs::$m as r;
+            let l = layout($v);
+            let mut fields = common!(r, l);
+            let t = &l.thread;
+            let sh = l.shapes.as_ref().expect("3.2 has shapes");
+            fields.extend([
+                ("control_frame.jit_return", offset_of!(r::rb_control_frame_struct, jit_return), l.control_frame.jit_return.unwrap_or(0)),
+                ("thread.native_thread", offset_of!(r::rb_thread_struct, nt), t.native_thread.unwrap_or(0)),
+                ("thread.native_thread_id", offset_of!(r::rb_native_thread, thread_id), t.native_thread_id),
+                ("thread.name", offset_of!(r::rb_thread_struct, name), t.name.unwrap_or(0)),
+                ("string.len", offset_of!(r::RString, as_.embed.len), l.string.len),
+                ("string.len (heap)", offset_of!(r::RString, as_.heap.len), l.string.len),
+                ("string.heap_ptr", offset_of!(r::RString, as_.heap.ptr), l.string.heap_ptr),
+                ("string.embed_ary", offset_of!(r::RString, as_.embed.ary), l.string.embed_ary),
+                ("shapes.vm_shape_list", offset_of!(r::rb_vm_struct, shape_list), sh.vm_shape_list),
+                ("shapes.size", size_of::<r::rb_shape>(), sh.size),
+                ("shapes.edge_name", offset_of!(r::rb_shape, edge_name), sh.edge_name),
+                ("shapes.next_iv_index", offset_of!(r::rb_shape, next_iv_index), sh.next_iv_index),
+                ("shapes.type", offset_of!(r::rb_shape, type_), sh.type_),
+                ("shapes.parent_id", offset_of!(r::rb_shape, parent_id), sh.parent_id),
+            ]);
+            wrong.extend(compare($v, &fields));
+        })*
+        wrong
+    }};
+}
+
 /// 3.3 on: the native thread struct, M:N threads, the classext embedded.
 macro_rules! ruby_3_3_on {
     ($($m:ident => $v:literal),* $(,)?) => {{
@@ -345,6 +378,16 @@ fn every_patch_release_of_3_1_fits_its_layout() {
 }
 
 #[test]
+fn every_patch_release_of_3_2_fits_its_layout() {
+    let wrong = ruby_3_2!(
+        ruby_3_2_0 => "3.2.0", ruby_3_2_1 => "3.2.1", ruby_3_2_2 => "3.2.2", ruby_3_2_3 => "3.2.3",
+        ruby_3_2_4 => "3.2.4", ruby_3_2_5 => "3.2.5", ruby_3_2_6 => "3.2.6", ruby_3_2_7 => "3.2.7",
+        ruby_3_2_8 => "3.2.8", ruby_3_2_9 => "3.2.9", ruby_3_2_10 => "3.2.10", ruby_3_2_11 => "3.2.11",
+    );
+    assert!(wrong.is_empty(), "{wrong:#?}");
+}
+
+#[test]
 fn every_patch_release_of_3_3_fits_its_layout() {
     let wrong = ruby_3_3_on!(
         ruby_3_3_0 => "3.3.0", ruby_3_3_1 => "3.3.1", ruby_3_3_2 => "3.3.2", ruby_3_3_3 => "3.3.3",
@@ -362,6 +405,17 @@ fn every_patch_release_of_3_4_fits_its_layout() {
         ruby_3_4_4 => "3.4.4", ruby_3_4_5 => "3.4.5", ruby_3_4_6 => "3.4.6", ruby_3_4_7 => "3.4.7",
         ruby_3_4_8 => "3.4.8", ruby_3_4_9 => "3.4.9", ruby_3_4_10 => "3.4.10", ruby_3_4_11 => "3.4.11",
         ruby_3_4_12 => "3.4.12",
+    );
+    assert!(wrong.is_empty(), "{wrong:#?}");
+}
+
+/// 4.0.6 moved rb_thread_t's name and has_dedicated_nt (4.0.6.toml).
+#[test]
+fn every_patch_release_of_4_0_fits_its_layout() {
+    let wrong = ruby_3_3_on!(
+        ruby_4_0_0 => "4.0.0", ruby_4_0_1 => "4.0.1", ruby_4_0_2 => "4.0.2", ruby_4_0_3 => "4.0.3",
+        ruby_4_0_4 => "4.0.4", ruby_4_0_5 => "4.0.5", ruby_4_0_6 => "4.0.6", ruby_4_0_7 => "4.0.7",
+        ruby_4_0_8 => "4.0.8", ruby_4_0_9 => "4.0.9",
     );
     assert!(wrong.is_empty(), "{wrong:#?}");
 }

@@ -5,14 +5,21 @@
 
 use ruby_structs::Layout;
 
+use std::rc::Rc;
+
+use crate::address_space::AddressSpace;
 use crate::process::Process;
-use crate::target::GlobalSymbols;
+use crate::target::{GlobalSymbols, RubyTarget};
 
 /// Longest string read from the target (labels, paths).
 const MAX_STRING: u64 = 4096;
 /// Entries of Ruby's line-table index below this position are packed in `imm_part`.
 const IMMEDIATE_TABLE_SIZE: u64 = 54;
 const SUCC_BLOCK_SIZE: u64 = 80;
+/// Ivars a class's shape is followed through (Ruby 3.2; a class has a few).
+const MAX_SHAPE_DEPTH: usize = 256;
+/// `INVALID_SHAPE_ID`: the root shape's parent.
+const NO_SHAPE: u32 = u32::MAX;
 /// Largest line table read whole (to tell a one-line iseq): 5,000 entries.
 const MAX_LINE_TABLE: u64 = 64 * 1024;
 
@@ -67,26 +74,56 @@ pub struct Header {
 }
 
 pub struct Memory {
-    process: Process,
+    space: Rc<dyn AddressSpace>,
     layout: Layout,
     global_symbols: GlobalSymbols,
+    /// Where `ruby_current_vm_ptr` is: Ruby 3.2 finds a class's name
+    /// through the VM's shape list.
+    vm_ptr: Option<u64>,
 }
 
 impl Memory {
-    pub fn new(process: Process, layout: Layout, global_symbols: GlobalSymbols) -> Self {
+    pub fn new(space: Rc<dyn AddressSpace>, layout: Layout, global_symbols: GlobalSymbols) -> Self {
         Self {
-            process,
+            space,
             layout,
             global_symbols,
+            vm_ptr: None,
         }
+    }
+
+    /// The reader of a live target.
+    pub fn of_target(target: &RubyTarget) -> Self {
+        Self {
+            vm_ptr: target.vm_ptr,
+            ..Self::new(
+                Rc::new(target.process),
+                target.layout.clone(),
+                target.global_symbols.clone(),
+            )
+        }
+    }
+
+    /// This reader, knowing where `ruby_current_vm_ptr` is (a core dump).
+    #[cfg(test)]
+    pub fn with_vm_ptr(self, vm_ptr: u64) -> Self {
+        Self {
+            vm_ptr: Some(vm_ptr),
+            ..self
+        }
+    }
+
+    pub fn space(&self) -> &Rc<dyn AddressSpace> {
+        &self.space
     }
 
     /// The same reader for another process with this one's layout (a fork).
     pub fn for_process(&self, process: Process) -> Self {
         Self {
-            process,
+            space: Rc::new(process),
             layout: self.layout.clone(),
             global_symbols: self.global_symbols.clone(),
+            vm_ptr: self.vm_ptr,
         }
     }
 
@@ -104,7 +141,7 @@ impl Memory {
         if !Self::is_object(v) {
             return None;
         }
-        self.process.read_u64(v).ok()
+        self.space.read_u64(v).ok()
     }
 
     /// An object's header, for the age the GC gives it.
@@ -133,12 +170,12 @@ impl Memory {
         if !self.is_imemo(h.flags, self.layout.imemo.type_iseq) {
             return None;
         }
-        let body = self.process.read_u64(iseq + l.body as u64).ok()?;
+        let body = self.space.read_u64(iseq + l.body as u64).ok()?;
         if !Self::is_object(body) {
             return None;
         }
         let mut raw = [0u8; 256];
-        self.process.read(body, &mut raw).ok()?;
+        self.space.read(body, &mut raw).ok()?;
         let u64_at = |off: u32| -> u64 {
             let o = off as usize;
             raw.get(o..o + 8)
@@ -179,23 +216,23 @@ impl Memory {
             return None;
         }
         let owner = self
-            .process
+            .space
             .read_u64(cme + l.owner as u64)
             .ok()
             .filter(|&o| Self::is_object(o));
-        let def = self.process.read_u64(cme + l.def as u64).ok()?;
+        let def = self.space.read_u64(cme + l.def as u64).ok()?;
         let (original_id, cfunc) = if def == 0 {
             (None, None)
         } else {
             // The method type is the low bits of the definition's first word.
             let is_cfunc = self
-                .process
+                .space
                 .read_u32(def)
                 .is_ok_and(|w| u64::from(w & 0xf) == l.type_cfunc as u64);
             (
-                self.process.read_u64(def + l.def_original_id as u64).ok(),
+                self.space.read_u64(def + l.def_original_id as u64).ok(),
                 is_cfunc
-                    .then(|| self.process.read_u64(def + l.def_body as u64).ok())
+                    .then(|| self.space.read_u64(def + l.def_body as u64).ok())
                     .flatten(),
             )
         };
@@ -214,28 +251,28 @@ impl Memory {
             return Class::Other;
         }
         if t == v.t_class && h.flags & v.fl_singleton != 0 {
-            return Class::Singleton(self.attached_object(klass));
+            return Class::Singleton(self.attached_object(klass, h.flags));
         }
-        Class::Named(self.class_name(klass))
+        Class::Named(self.class_name(klass, h.flags))
     }
 
     /// A class's name, as Ruby's classname(): (path, permanent).
-    fn class_name(&self, klass: u64) -> Option<(String, bool)> {
+    fn class_name(&self, klass: u64, flags: u64) -> Option<(String, bool)> {
         let c = &self.layout.class;
         if let (Some(ext), Some(path_off)) = (c.ext_embedded, c.ext_classpath) {
             let ext = klass + ext as u64;
-            let path = self.process.read_u64(ext + path_off as u64).ok()?;
+            let path = self.space.read_u64(ext + path_off as u64).ok()?;
             let permanent = match (c.ext_permanent_classpath_byte, c.ext_permanent_classpath_mask) {
                 (Some(byte), Some(mask)) => {
                     let mut b = [0u8; 1];
-                    self.process.read(ext + byte as u64, &mut b).ok()?;
+                    self.space.read(ext + byte as u64, &mut b).ok()?;
                     b[0] & mask != 0
                 }
                 _ => true,
             };
             return Some((self.rstring(path)?, permanent));
         }
-        let ivars = self.class_ivars(klass)?;
+        let ivars = self.class_ivars(klass, flags)?;
         if let Some((_, v)) = ivars.iter().find(|(k, _)| k == "__classpath__") {
             return Some((self.rstring(*v)?, true));
         }
@@ -244,36 +281,40 @@ impl Memory {
     }
 
     /// The object a singleton class belongs to.
-    fn attached_object(&self, klass: u64) -> Option<u64> {
+    fn attached_object(&self, klass: u64, flags: u64) -> Option<u64> {
         let c = &self.layout.class;
         if let (Some(ext), Some(off)) = (c.ext_embedded, c.ext_attached_object) {
-            return self.process.read_u64(klass + ext as u64 + off as u64).ok();
+            return self.space.read_u64(klass + ext as u64 + off as u64).ok();
         }
-        let ivars = self.class_ivars(klass)?;
+        let ivars = self.class_ivars(klass, flags)?;
         ivars
             .into_iter()
             .find(|(k, _)| k == "__attached__")
             .map(|(_, v)| v)
     }
 
-    /// (name, value) of a class's ivars before 3.2: its classext's st_table.
-    fn class_ivars(&self, klass: u64) -> Option<Vec<(String, u64)>> {
+    /// (name, value) of a class's ivars: through its shape (3.2), or in its
+    /// classext's st_table (before 3.2).
+    fn class_ivars(&self, klass: u64, flags: u64) -> Option<Vec<(String, u64)>> {
+        if self.layout.shapes.is_some() {
+            return self.shaped_ivars(klass, flags);
+        }
         let c = &self.layout.class;
         let st = &self.layout.st_table;
-        let ext = self.process.read_u64(klass + c.ext_ptr? as u64).ok()?;
-        let tbl = self.process.read_u64(ext + c.ext_iv_tbl? as u64).ok()?;
+        let ext = self.space.read_u64(klass + c.ext_ptr? as u64).ok()?;
+        let tbl = self.space.read_u64(ext + c.ext_iv_tbl? as u64).ok()?;
         if tbl == 0 {
             return None;
         }
-        let start = self.process.read_u64(tbl + st.entries_start as u64).ok()?;
-        let bound = self.process.read_u64(tbl + st.entries_bound as u64).ok()?;
-        let entries = self.process.read_u64(tbl + st.entries as u64).ok()?;
+        let start = self.space.read_u64(tbl + st.entries_start as u64).ok()?;
+        let bound = self.space.read_u64(tbl + st.entries_bound as u64).ok()?;
+        let entries = self.space.read_u64(tbl + st.entries as u64).ok()?;
         if bound < start || bound - start > 4096 {
             return None;
         }
         let size = st.entry_size as u64;
         let mut raw = vec![0u8; ((bound - start) * size) as usize];
-        self.process.read(entries + start * size, &mut raw).ok()?;
+        self.space.read(entries + start * size, &mut raw).ok()?;
         let word = |at: usize| u64::from_le_bytes(raw[at..at + 8].try_into().unwrap_or([0; 8]));
         let mut out = Vec::new();
         for i in 0..(bound - start) as usize {
@@ -288,6 +329,45 @@ impl Memory {
             }
         }
         Some(out)
+    }
+
+    /// Ruby 3.2's rb_ivar_lookup for a class: from the shape its flags name
+    /// up to the root, each ivar shape names one ivar and its index in the
+    /// classext's ivar array.
+    fn shaped_ivars(&self, klass: u64, flags: u64) -> Option<Vec<(String, u64)>> {
+        let sh = self.layout.shapes.as_ref()?;
+        let c = &self.layout.class;
+        let vm = self.space.read_u64(self.vm_ptr?).ok()?;
+        let list = self.space.read_u64(vm + u64::from(sh.vm_shape_list)).ok()?;
+        let ivs = self
+            .space
+            .read_u64(klass + u64::from(c.ext_embedded?) + u64::from(c.ext_iv_ptr?))
+            .ok()?;
+        let mut id = (flags >> sh.id_shift) as u32;
+        let mut out = Vec::new();
+        let mut raw = vec![0u8; sh.size as usize];
+        let u32_at = |raw: &[u8], off: u32| -> Option<u32> {
+            let o = off as usize;
+            Some(u32::from_le_bytes(raw.get(o..o + 4)?.try_into().ok()?))
+        };
+        for _ in 0..MAX_SHAPE_DEPTH {
+            if id == NO_SHAPE {
+                return Some(out);
+            }
+            self.space
+                .read(list + u64::from(id) * u64::from(sh.size), &mut raw)
+                .ok()?;
+            let kind = *raw.get(sh.type_ as usize)?;
+            let index = u32_at(&raw, sh.next_iv_index)?;
+            if kind == sh.type_ivar && index > 0 {
+                let o = sh.edge_name as usize;
+                let edge = u64::from_le_bytes(raw.get(o..o + 8)?.try_into().ok()?);
+                let value = self.space.read_u64(ivs + 8 * u64::from(index - 1)).ok()?;
+                out.push((self.id_name(edge)?, value));
+            }
+            id = u32_at(&raw, sh.parent_id)?;
+        }
+        None
     }
 
     /// A pathobj is a String, or an Array [path, realpath]: prefer the absolute one.
@@ -311,18 +391,18 @@ impl Memory {
         }
         let (ptr, len) = if flags & l.noembed_flag != 0 {
             (
-                self.process.read_u64(s + l.heap_ptr as u64).ok()?,
-                self.process.read_u64(s + l.len as u64).ok()?,
+                self.space.read_u64(s + l.heap_ptr as u64).ok()?,
+                self.space.read_u64(s + l.len as u64).ok()?,
             )
         } else {
             let len = match (l.embed_len_mask, l.embed_len_shift) {
                 (Some(mask), Some(shift)) => (flags & mask) >> shift,
-                _ => self.process.read_u64(s + l.len as u64).ok()?,
+                _ => self.space.read_u64(s + l.len as u64).ok()?,
             };
             (s + l.embed_ary as u64, len)
         };
         let mut buf = vec![0u8; len.min(MAX_STRING) as usize];
-        self.process.read(ptr, &mut buf).ok()?;
+        self.space.read(ptr, &mut buf).ok()?;
         Some(String::from_utf8_lossy(&buf).into_owned())
     }
 
@@ -339,14 +419,14 @@ impl Memory {
             )
         } else {
             (
-                self.process.read_u64(ary + l.heap_ptr as u64).ok()?,
-                self.process.read_u64(ary + l.len as u64).ok()?,
+                self.space.read_u64(ary + l.heap_ptr as u64).ok()?,
+                self.space.read_u64(ary + l.len as u64).ok()?,
             )
         };
         if index >= len {
             return None;
         }
-        self.process.read_u64(ptr + index * 8).ok()
+        self.space.read_u64(ptr + index * 8).ok()
     }
 
     /// The line of `pc` in `info`, as Ruby's calc_pos/get_insn_info compute it.
@@ -370,7 +450,7 @@ impl Memory {
         };
         let l = &self.layout.iseq;
         let entry = info.insns_body + index * l.insn_info_entry_size as u64 + l.insn_info_line_no as u64;
-        match self.process.read_u32(entry).ok()? {
+        match self.space.read_u32(entry).ok()? {
             // A frame pushed but not started sits on a line-0 bookkeeping
             // instruction in some versions: it is at the start of its code.
             0 => Some(info.first_lineno),
@@ -388,7 +468,7 @@ impl Memory {
             return None;
         }
         let mut raw = vec![0u8; (info.insns_size * entry) as usize];
-        self.process.read(info.insns_body, &mut raw).ok()?;
+        self.space.read(info.insns_body, &mut raw).ok()?;
         let at = l.insn_info_line_no as usize;
         let mut lines = raw.chunks_exact(entry as usize).map(|e| {
             match u32::from_le_bytes(e[at..at + 4].try_into().unwrap_or([0; 4])) {
@@ -406,13 +486,13 @@ impl Memory {
             return None;
         }
         if pos < IMMEDIATE_TABLE_SIZE {
-            let word = self.process.read_u64(table + 8 * (pos / 9)).ok()?;
+            let word = self.space.read_u64(table + 8 * (pos / 9)).ok()?;
             return Some((word >> (7 * (pos % 9))) & 0x7f);
         }
         let x = pos - IMMEDIATE_TABLE_SIZE;
         let block = table + 8 * (IMMEDIATE_TABLE_SIZE / 9) + (x / 512) * SUCC_BLOCK_SIZE;
         let mut raw = [0u8; SUCC_BLOCK_SIZE as usize];
-        self.process.read(block, &mut raw).ok()?;
+        self.space.read(block, &mut raw).ok()?;
         let word = |off: usize| u64::from_le_bytes(raw[off..off + 8].try_into().unwrap_or([0; 8]));
         let rank = u32::from_le_bytes(raw[0..4].try_into().unwrap_or([0; 4])) as u64;
         let small_ranks = word(8);
@@ -431,7 +511,7 @@ impl Memory {
     /// Thread#name of the Ruby thread at `th`, if it has one.
     pub fn thread_name(&self, th: u64) -> Option<String> {
         let t = &self.layout.thread;
-        let name = self.process.read_u64(th + t.name? as u64).ok()?;
+        let name = self.space.read_u64(th + t.name? as u64).ok()?;
         self.rstring(name)
     }
 
@@ -439,17 +519,22 @@ impl Memory {
     /// the same symbol for the life of the process (IDs are never reused).
     pub fn id_name(&self, id: u64) -> Option<String> {
         let s = &self.layout.symbols;
-        let base = self.global_symbols.base(&self.process, &self.layout)?;
+        let base = self.global_symbols.base(&*self.space, &self.layout)?;
         let serial = if id > s.last_op_id {
             id >> s.id_scope_shift
         } else {
             id
         };
-        let last_id = self.process.read_u32(base + s.last_id as u64).ok()? as u64;
-        if serial == 0 || serial > last_id {
+        let bound = self.space.read_u32(base + s.last_id as u64).ok()? as u64;
+        let exists = if s.last_id_is_next {
+            serial < bound
+        } else {
+            serial <= bound
+        };
+        if serial == 0 || !exists {
             return None;
         }
-        let ids = self.process.read_u64(base + s.ids as u64).ok()?;
+        let ids = self.space.read_u64(base + s.ids as u64).ok()?;
         let chunk = self.rarray_entry(ids, serial / s.id_entry_unit)?;
         let name = self.rarray_entry(chunk, (serial % s.id_entry_unit) * 2)?;
         self.rstring(name)

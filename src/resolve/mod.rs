@@ -10,6 +10,8 @@
 //! bracket of two GC clock readings, or the frame is `[unknown]` with the
 //! reason counted. `memory.rs` does the reading.
 
+#[cfg(test)]
+mod core_tests;
 mod facts;
 pub mod memory;
 mod native;
@@ -21,12 +23,12 @@ use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use flamegraphs::Frame;
-use ruby_structs::Layout;
 
+use crate::address_space::AddressSpace;
 use crate::bpf::types;
 use crate::gc_time::{bracket, GcClock, GcTime, MajorLog, Reading, SampleTime};
 use crate::process::Process;
-use crate::target::{GlobalSymbols, RubyTarget};
+use crate::target::RubyTarget;
 use crate::unwind::Unwinder;
 use facts::{Facts, Stamp};
 use memory::{Class, Header, Iseq, Memory, MethodEntry};
@@ -108,7 +110,7 @@ impl PcTrust {
 pub struct Resolver {
     memory: Memory,
     clock: Option<GcClock>,
-    process: Process,
+    space: Rc<dyn AddressSpace>,
     log: MajorLog,
     iseqs: Facts<Rc<Iseq>>,
     /// None: the address holds no method entry (a frame outside any method
@@ -136,26 +138,14 @@ pub struct Resolver {
 
 impl Resolver {
     pub fn new(target: &RubyTarget) -> Self {
-        Self::with_layout(
-            target.process,
-            target.layout.clone(),
-            target.global_symbols.clone(),
-            target.gc,
-            target.mjit_on,
-        )
+        Self::with_memory(Memory::of_target(target), target.gc, target.mjit_on)
     }
 
-    fn with_layout(
-        process: Process,
-        layout: Layout,
-        global_symbols: GlobalSymbols,
-        clock: Option<GcClock>,
-        mjit: Option<u64>,
-    ) -> Self {
+    fn with_memory(memory: Memory, clock: Option<GcClock>, mjit: Option<u64>) -> Self {
         let mut resolver = Self {
-            memory: Memory::new(process, layout, global_symbols),
+            space: memory.space().clone(),
+            memory,
             clock,
-            process,
             log: MajorLog::default(),
             iseqs: Facts::default(),
             methods: Facts::default(),
@@ -181,10 +171,11 @@ impl Resolver {
     /// holds for the child, and this process's GC history up to then is
     /// the child's. Its first samples may come before rprof hears of it.
     pub fn forked(&self, child: Process, at: GcTime) -> Self {
+        let memory = self.memory.for_process(child);
         let mut resolver = Self {
-            memory: self.memory.for_process(child),
+            space: memory.space().clone(),
+            memory,
             clock: self.clock,
-            process: child,
             log: self.log.forked(at.count()),
             iseqs: self.iseqs.forked(at),
             methods: self.methods.forked(at),
@@ -212,7 +203,11 @@ impl Resolver {
     }
 
     fn read_clock(&mut self) -> Option<Reading> {
-        let r = self.clock?.read(&self.process)?;
+        let r = match self.clock {
+            Some(clock) => clock.read(&*self.space)?,
+            None if self.space.is_still() => Reading::STILL,
+            None => return None,
+        };
         self.log.note(&r);
         Some(r)
     }
@@ -238,7 +233,7 @@ impl Resolver {
             let mut on = [0u8];
             self.mjit_on = self
                 .mjit
-                .is_some_and(|at| self.process.read(at, &mut on).is_ok() && on[0] != 0);
+                .is_some_and(|at| self.space.read(at, &mut on).is_ok() && on[0] != 0);
         }
         self.mjit_on
     }
