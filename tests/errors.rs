@@ -90,8 +90,8 @@ fn unsupported_ruby_version_names_the_supported_ones_and_the_way_out() {
     let target = Target::start(&mut Command::new(fake_ruby(dir.path())));
     let line = error_line(&rprof(&["record", "-p", &target.pid.to_string(), "-d", "1"]));
     assert!(line.contains("Ruby 9.9.0 is not supported"), "{line}");
-    assert!(line.contains("2.7, 3.1, 3.3, 3.4"), "{line}");
-    assert!(line.contains("--force-version 3.4"), "{line}");
+    assert!(line.contains("2.7, 3.1, 3.2, 3.3, 3.4, 4.0"), "{line}");
+    assert!(line.contains("--force-version 4.0"), "{line}");
 }
 
 #[test]

@@ -1,11 +1,13 @@
 //! The resolver on real memory of Rubies this machine cannot run: crates.io's
-//! `rbspy-testdata` ships core dumps of running Rubies (x86-64 3.1.0, 3.3.0,
-//! 3.4.5, 4.0.0; ARM 3.2.0). Each core's main thread is walked as BPF walks a live one
-//! (`walk` below mirrors `walk_frame`, `frame_method_entry` and
+//! `rbspy-testdata` ships core dumps of running Rubies (x86-64 3.1.0,
+//! 3.3.0, 3.4.5, 4.0.0; ARM 3.2.0). Each core's main thread is walked as BPF
+//! walks a live one (`walk` below mirrors `walk_frame`, `frame_method_entry` and
 //! `prepare_frame` in bpf/rprof.bpf.c), and the resolver names the frames
 //! with the layout rprof picks for that Ruby. The stacks asserted are what
-//! Ruby 3.4's backtraces print for those programs (rbspy's tests, which hold
-//! the same cores, list each program's frames and lines).
+//! Ruby 3.4's backtraces print for those programs: labels as Ruby 3.4 makes
+//! them, lines as the programs' sources (in rbspy's repository) have them.
+//! (rbspy's own tests of these cores expect lines one past each call.) A
+//! change to BPF's walk must be made to `walk` too.
 
 use std::mem::offset_of;
 use std::rc::Rc;

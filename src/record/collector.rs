@@ -1,0 +1,458 @@
+//! Turns BPF's records and in-kernel counts into a profile: names each
+//! record's stack (or keeps it until the GC stands still), and adds each
+//! closed epoch's counts to the stacks they belong to.
+
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+use flamegraphs::{Frame, FrameKind, ProcessInfo, ThreadInfo};
+
+use crate::bpf::{self, types, Probe, Record, Sample, Stats};
+use crate::gc_time::{GcTime, SampleTime};
+use crate::process::Process;
+use crate::processes::{Followed, ProcessId, Processes};
+use crate::recording::{self, Counted, EpochCounts, Summary, ThreadEntry};
+use crate::resolve::{self, NativeNames, RubyFrame, Unknown};
+use crate::system;
+use crate::unwind::Unwinder;
+
+/// Turns BPF's records and counts into a profile.
+pub struct Collector {
+    events: Vec<String>,
+    /// Resolved stacks by hash, with their thread, the generation they were
+    /// last used in and whether a frame in them is unknown.
+    stacks: HashMap<u64, CachedStack>,
+    generation: u64,
+    /// The counts of the epoch open, by stack hash.
+    current: HashMap<u64, Counted>,
+    /// When the epoch open started, since the recording did.
+    epoch_start: Duration,
+    /// Each process as the recording describes it, made at its first sample
+    /// (workers rename themselves after the fork).
+    process_info: HashMap<ProcessId, Rc<ProcessInfo>>,
+    /// Counted events whose stack never reached userspace (ring buffer full).
+    undelivered: u64,
+    /// Frames shown as `[unknown]`, counted once per stack that has them, by reason.
+    pub unknown_frames: HashMap<Unknown, u64>,
+    /// Samples (events) with an `[unknown]` frame.
+    pub unknown_samples: u64,
+    /// Records waiting for the GC to stand still.
+    deferred: Vec<Sample>,
+    /// Records of processes rprof could not follow (a fork report lost).
+    pub unfollowed: u64,
+    /// Counts of closed epochs whose record still waits (see `close_epoch`).
+    waiting_counts: HashMap<u64, u64>,
+    /// Tests: say on stderr when the first stack is named whole
+    /// (`RPROF_SAY_NAMED=1`), so that they can starve rprof from then on.
+    say_named: bool,
+    /// --native/--kernel: what names native frames, and whether to keep the
+    /// interpreter's own (--native-all).
+    pub native: Option<(NativeNames, bool)>,
+    /// Ruby frames named whole, by what they are (see `name_ruby`); emptied
+    /// every epoch.
+    named_ruby: HashMap<u64, Rc<Vec<RubyFrame>>>,
+}
+
+impl Collector {
+    pub fn new(events: Vec<String>) -> Self {
+        Self {
+            events,
+            stacks: HashMap::new(),
+            generation: 0,
+            current: HashMap::new(),
+            epoch_start: Duration::ZERO,
+            process_info: HashMap::new(),
+            undelivered: 0,
+            unknown_frames: HashMap::new(),
+            unknown_samples: 0,
+            deferred: Vec::new(),
+            unfollowed: 0,
+            waiting_counts: HashMap::new(),
+            say_named: std::env::var_os("RPROF_SAY_NAMED").is_some(),
+            native: None,
+            named_ruby: HashMap::new(),
+        }
+    }
+
+    /// Loads the native symbols of new files before their samples need them.
+    pub fn warm(&mut self, processes: &Processes, kernel: bool) {
+        if let (Some((names, _)), Some(unwinder)) = (&mut self.native, &processes.native) {
+            names.warm(unwinder, kernel);
+        }
+    }
+
+    /// A record from BPF: a stack, or a change in the followed processes.
+    pub fn on_record(&mut self, r: Record, processes: &mut Processes, probe: &mut Probe) -> Result<()> {
+        match r {
+            Record::Sample(s) => {
+                // Code loaded after rprof read the process's mappings.
+                if s.header.native_stop == types::rprof_native_stop::RPROF_NATIVE_NO_MAPPING.0 {
+                    processes.rescan_native(probe, s.header.pid);
+                }
+                match processes.get_with_native(s.header.pid, s.header.start_ticks) {
+                    Some((f, unwinder)) => self.add_sample(s, f, unwinder, false),
+                    None => self.unfollowed += 1,
+                }
+            }
+            // An ending process's waiting records are named now, with what is known.
+            Record::Process(e) => processes.on_event(probe, &e, |f, u| self.flush(f, u))?,
+        }
+        Ok(())
+    }
+
+    /// Tries again the records that met a busy GC, once their GC stands
+    /// still (or for good, `now`).
+    pub fn retry(&mut self, now: bool, processes: &mut Processes) {
+        for s in std::mem::take(&mut self.deferred) {
+            match processes.get_with_native(s.header.pid, s.header.start_ticks) {
+                Some((f, unwinder)) => {
+                    let settled = f.ruby.as_mut().is_some_and(|r| r.resolver.settled());
+                    if now || settled {
+                        self.add_sample(s, f, unwinder, true);
+                    } else {
+                        self.deferred.push(s);
+                    }
+                }
+                None => self.unfollowed += 1,
+            }
+        }
+    }
+
+    /// Names for good the waiting records of `f`, which is ending.
+    pub fn flush(&mut self, f: &mut Followed, unwinder: Option<&Unwinder>) {
+        let (mine, rest): (Vec<_>, Vec<_>) = std::mem::take(&mut self.deferred)
+            .into_iter()
+            .partition(|s| s.header.pid == f.id.pid && s.header.start_ticks == f.id.start_ticks);
+        self.deferred = rest;
+        for s in mine {
+            self.add_sample(s, f, unwinder, true);
+        }
+    }
+
+    /// A record of process `f`. If the GC was busy while its frames were
+    /// read, it waits (unless `last_try`) for the GC to stand still.
+    fn add_sample(&mut self, s: Sample, f: &mut Followed, unwinder: Option<&Unwinder>, last_try: bool) {
+        let (thread, stack, unknown) = self.build_stack(&s, f, unwinder);
+        if !last_try && unknown.contains(&Unknown::GcBusy) {
+            self.deferred.push(s);
+            return;
+        }
+        let hash = s.header.hash;
+        if s.has(types::rprof_sample_flags::RPROF_SAMPLE_DIRECT) {
+            self.count_unknown(&unknown);
+            self.unknown_samples += u64::from(!unknown.is_empty());
+            self.count(hash, &thread, &Rc::new(stack), 1);
+            return;
+        }
+        // The same hash means the same frames at the same GC time, so the same
+        // objects: if an earlier reading named them all, it stands.
+        if !unknown.is_empty() {
+            if let Some(cached) = self.stacks.get_mut(&hash).filter(|c| !c.unknown) {
+                cached.generation = self.generation;
+                return;
+            }
+        }
+        self.count_unknown(&unknown);
+        let stack = Rc::new(stack);
+        // Counted in an epoch that closed while this record waited.
+        if let Some(n) = self.waiting_counts.remove(&hash) {
+            self.count(hash, &thread, &stack, n);
+            if !unknown.is_empty() {
+                self.unknown_samples += n;
+            }
+        }
+        if self.say_named && unknown.is_empty() {
+            eprintln!("rprof: named a whole stack");
+            self.say_named = false;
+        }
+        self.stacks.insert(
+            hash,
+            CachedStack {
+                thread,
+                frames: stack,
+                generation: self.generation,
+                unknown: !unknown.is_empty(),
+            },
+        );
+    }
+
+    /// Adds `n` events of this stack to the epoch open.
+    fn count(&mut self, hash: u64, thread: &Rc<ThreadEntry>, stack: &Rc<Vec<Frame>>, n: u64) {
+        self.current
+            .entry(hash)
+            .or_insert_with(|| (thread.clone(), stack.clone(), 0))
+            .2 += n;
+    }
+
+    /// The recording's counts so far.
+    pub fn totals(&self, stats: &Stats, elapsed: Duration) -> Summary {
+        Summary {
+            samples: stats.events,
+            lost: stats.lost + self.undelivered,
+            failed: stats.read_failed,
+            unknown: self.unknown_samples,
+            duration_ns: elapsed.as_nanos() as u64,
+        }
+    }
+
+    /// The process of a sample as the recording describes it.
+    fn process_info(&mut self, f: &mut Followed) -> Rc<ProcessInfo> {
+        if let Some(p) = self.process_info.get(&f.id) {
+            return p.clone();
+        }
+        let mut frames = f.frames();
+        let label = frames.pop().unwrap_or_default();
+        let process = Process { pid: f.id.pid };
+        let p = Rc::new(ProcessInfo {
+            pid: f.id.pid,
+            started: system::start_time(f.id.start_ticks),
+            command: process.command_line(),
+            runtime: f
+                .ruby
+                .as_ref()
+                .map(|r| format!("Ruby {}", r.target.version))
+                .unwrap_or_default(),
+            label,
+            parents: frames,
+        });
+        self.process_info.insert(f.id, p.clone());
+        p
+    }
+
+    fn count_unknown(&mut self, unknown: &[Unknown]) {
+        for u in unknown {
+            *self.unknown_frames.entry(*u).or_default() += 1;
+        }
+    }
+
+    /// The sample's thread; its stack, root first: [truncated], Ruby frames,
+    /// then the traced event; and why frames could not be named.
+    fn build_stack(
+        &mut self,
+        s: &Sample,
+        f: &mut Followed,
+        unwinder: Option<&Unwinder>,
+    ) -> (Rc<ThreadEntry>, Vec<Frame>, Vec<Unknown>) {
+        let h = &s.header;
+        let comm: Vec<u8> = h.comm.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
+        let comm = String::from_utf8_lossy(&comm).into_owned();
+        let process = self.process_info(f);
+        let mut stack = Vec::with_capacity(s.frames.len() + 4);
+        let native_thread = |process| ThreadEntry {
+            process,
+            thread: ThreadInfo {
+                process: 0,
+                tid: h.tid,
+                label: format!("{comm} [{}]", h.tid),
+                name: comm.clone(),
+            },
+        };
+        let Some(ruby) = f.ruby.as_mut() else {
+            stack.push(Frame::marker("[process not profiled]"));
+            return (Rc::new(native_thread(process)), stack, Vec::new());
+        };
+        let resolver = &mut ruby.resolver;
+        // An M:N Ruby thread moves between native threads: name it, not them.
+        let thread = Rc::new(if h.ruby_thread != 0 {
+            let label = resolver.ruby_thread(h.ruby_thread);
+            ThreadEntry {
+                process,
+                thread: ThreadInfo {
+                    process: 0,
+                    tid: 0,
+                    name: label.clone(),
+                    label,
+                },
+            }
+        } else {
+            native_thread(process)
+        });
+        if s.has(types::rprof_sample_flags::RPROF_SAMPLE_READ_FAILED) {
+            stack.push(Frame::marker("[failed to read the Ruby stack]"));
+        } else if s.has(types::rprof_sample_flags::RPROF_SAMPLE_FOREIGN_EC) {
+            stack.push(Frame::marker("[GVL released: Ruby stack unknown]"));
+        }
+        if s.has(types::rprof_sample_flags::RPROF_SAMPLE_TRUNCATED) {
+            stack.push(Frame::marker("[truncated]"));
+        }
+        let (ruby, unknown) = self.name_ruby(s, resolver, unwinder);
+        match &mut self.native {
+            Some((names, all)) => stack.extend(resolve::stitched(
+                names,
+                unwinder,
+                h.pid,
+                &ruby,
+                &s.native,
+                h.native_stop,
+                &s.kernel,
+                *all,
+            )),
+            None => stack.extend(ruby.iter().rev().filter_map(|r| r.frame.clone())),
+        }
+        // A thread running no Ruby (nor native frames): said by its thread
+        // frame, or this one.
+        if s.frames.is_empty() && s.native.is_empty() && !stack.iter().any(|f| f.kind == FrameKind::Marker) {
+            stack.push(Frame::marker(recording::NO_RUBY_FRAMES));
+        }
+        if h.event > 0 {
+            let name = self
+                .events
+                .get(h.event as usize - 1)
+                .map(|n| n.strip_prefix("sys_").unwrap_or(n).to_string())
+                .unwrap_or_else(|| format!("event {}", h.event));
+            stack.push(Frame::event(name));
+        }
+        (thread, stack, unknown)
+    }
+
+    /// The sample's Ruby frames, named, leaf first, and why any could not be.
+    /// Samples that differ only in their native frames (most, with --native)
+    /// have the same Ruby frames at the same GC time, so the same objects:
+    /// one naming serves them all, however late the later ones are read.
+    fn name_ruby(
+        &mut self,
+        s: &Sample,
+        resolver: &mut crate::resolve::Resolver,
+        unwinder: Option<&Unwinder>,
+    ) -> (Rc<Vec<RubyFrame>>, Vec<Unknown>) {
+        use std::hash::{Hash, Hasher};
+        let h = &s.header;
+        let mut key = std::collections::hash_map::DefaultHasher::new();
+        let time_flags = types::rprof_sample_flags::RPROF_SAMPLE_GC_EDGE.0
+            | types::rprof_sample_flags::RPROF_SAMPLE_GC_MOVING.0;
+        (h.pid, h.start_ticks, h.gc_time, h.flags & time_flags).hash(&mut key);
+        for f in &s.frames {
+            (f.iseq, f.pc, f.cme, f.flags).hash(&mut key);
+        }
+        let key = key.finish();
+        if let Some(named) = self.named_ruby.get(&key) {
+            return (named.clone(), Vec::new());
+        }
+        let time = if s.has(types::rprof_sample_flags::RPROF_SAMPLE_GC_EDGE) {
+            SampleTime::at_edge(GcTime(h.gc_time))
+        } else {
+            SampleTime::at(GcTime(h.gc_time))
+        };
+        let frames = if s.has(types::rprof_sample_flags::RPROF_SAMPLE_GC_MOVING) {
+            resolver.moving_stack(&s.frames, time)
+        } else {
+            resolver.stack(&s.frames, time)
+        };
+        let mut unknown = Vec::new();
+        let mut ruby = Vec::with_capacity(frames.len());
+        for (named, raw) in frames.into_iter().zip(&s.frames) {
+            let frame = match named {
+                Ok(frame) => Some(frame),
+                Err(Unknown::NotAFrame) => None,
+                Err(why) => {
+                    unknown.push(why);
+                    Some(Frame::marker("[unknown]"))
+                }
+            };
+            // A C method's function, where its native frames start.
+            let cfunc = (raw.iseq == 0).then(|| {
+                let at = resolver.cfunc(raw.cme, time)?;
+                let code = unwinder?.locate(h.pid, at)?;
+                Some((code.file, code.vaddr))
+            });
+            ruby.push(RubyFrame {
+                frame,
+                finish: raw.flags & types::rprof_frame_flags::RPROF_FRAME_FINISH.0 != 0,
+                cfunc,
+            });
+        }
+        let ruby = Rc::new(ruby);
+        if unknown.is_empty() {
+            self.named_ruby.insert(key, ruby.clone());
+        }
+        (ruby, unknown)
+    }
+
+    /// Adds the closed epoch's counts to the profile. A stack still waiting
+    /// for its GC to stand still keeps its count until it is named, unless
+    /// this is the `last` epoch.
+    pub fn close_epoch(
+        &mut self,
+        probe: &mut Probe,
+        processes: &mut Processes,
+        last: bool,
+        now: Duration,
+    ) -> Result<EpochCounts> {
+        let closed = probe.switch_epoch()?;
+        let settled = Instant::now() + bpf::EPOCH_SETTLE;
+        // Its records, before its counts: a count finds its stack named.
+        // New records are named while the old epoch settles, not after; then
+        // what was written up to then, and no more (targets may write faster
+        // than a starved rprof reads).
+        let mut mark = None;
+        loop {
+            let mut records = Vec::new();
+            let wait = settled.saturating_duration_since(Instant::now());
+            probe.poll(wait.max(bpf::EPOCH_SETTLE / 2), |r| records.push(r))?;
+            for r in records {
+                self.on_record(r, processes, probe)?;
+            }
+            if mark.is_none() && Instant::now() >= settled {
+                mark = Some(probe.written()?);
+            }
+            if let Some(mark) = mark {
+                if !probe.unread_before(mark)? {
+                    break;
+                }
+            }
+        }
+        let counts = probe.take_counts(closed)?;
+        self.retry(last, processes);
+        for (hash, n) in counts {
+            match self.stacks.get_mut(&hash) {
+                Some(cached) => {
+                    cached.generation = self.generation;
+                    if cached.unknown {
+                        self.unknown_samples += n;
+                    }
+                    let (thread, frames) = (cached.thread.clone(), cached.frames.clone());
+                    self.count(hash, &thread, &frames, n);
+                }
+                None if self.deferred.iter().any(|s| s.header.hash == hash) => {
+                    *self.waiting_counts.entry(hash).or_default() += n;
+                }
+                None => self.undelivered += n,
+            }
+        }
+        if last {
+            self.undelivered += self.waiting_counts.drain().map(|(_, n)| n).sum::<u64>();
+        }
+        self.named_ruby.clear();
+        // Each epoch re-sends the stacks it sees: older ones can go.
+        let keep = self.generation.saturating_sub(1);
+        self.stacks.retain(|_, c| c.generation >= keep);
+        self.generation += 1;
+        // Processes that ended are described no more, here or in a file.
+        let mut ended = Vec::new();
+        self.process_info.retain(|id, info| {
+            let alive = processes.get(id.pid, id.start_ticks).is_some();
+            if !alive {
+                ended.push(info.clone());
+            }
+            alive
+        });
+        let epoch = EpochCounts {
+            start_ns: self.epoch_start.as_nanos() as u64,
+            end_ns: now.as_nanos() as u64,
+            counts: self.current.drain().map(|(_, c)| c).collect(),
+            ended,
+        };
+        self.epoch_start = now;
+        Ok(epoch)
+    }
+}
+
+/// A stack named, kept while epochs count it.
+struct CachedStack {
+    thread: Rc<ThreadEntry>,
+    frames: Rc<Vec<Frame>>,
+    generation: u64,
+    unknown: bool,
+}

@@ -1,0 +1,86 @@
+//! What a recording counts: CPU samples at a frequency, or traced system
+//! calls. Each kind knows how it is checked, attached, described and paced,
+//! so the recording loop never asks which one it has.
+
+use std::time::Duration;
+
+use anyhow::Result;
+
+use crate::bpf::Probe;
+use crate::error::UserError;
+use crate::recording::Event;
+use crate::system;
+
+/// Highest sampling frequency accepted.
+const MAX_FREQUENCY: u64 = 100_000;
+
+pub enum EventSpec {
+    Cpu {
+        frequency: u64,
+    },
+    /// Tracepoints of the `syscalls` group, by their tracefs name (`sys_enter_getpid`).
+    Syscalls(Vec<String>),
+}
+
+impl EventSpec {
+    /// Refuses what cannot be recorded, before anything is loaded.
+    pub fn check(&self) -> Result<()> {
+        match self {
+            EventSpec::Cpu { frequency } if *frequency == 0 || *frequency > MAX_FREQUENCY => {
+                Err(UserError::BadFrequency {
+                    given: *frequency,
+                    max: MAX_FREQUENCY,
+                }
+                .into())
+            }
+            EventSpec::Cpu { .. } => Ok(()),
+            EventSpec::Syscalls(_) => system::tracefs().map(|_| ()).map_err(Into::into),
+        }
+    }
+
+    /// What BPF's event numbers stand for, from 1 (0 is a CPU sample).
+    pub fn names(&self) -> Vec<String> {
+        match self {
+            EventSpec::Cpu { .. } => vec!["cpu".to_string()],
+            EventSpec::Syscalls(names) => names.clone(),
+        }
+    }
+
+    /// The event as the recording's header keeps it (with its unit).
+    pub fn recorded(&self) -> Event {
+        match self {
+            EventSpec::Cpu { frequency } => Event::Cpu {
+                frequency: *frequency,
+            },
+            EventSpec::Syscalls(names) => Event::Syscalls(names.clone()),
+        }
+    }
+
+    pub fn attach(&self, probe: &mut Probe) -> Result<()> {
+        match self {
+            EventSpec::Cpu { frequency } => probe.attach_cpu_clock(*frequency),
+            EventSpec::Syscalls(names) => names
+                .iter()
+                .enumerate()
+                .try_for_each(|(i, name)| probe.attach_tracepoint("syscalls", name, i as u32 + 1)),
+        }
+    }
+
+    /// "sampling at 99 Hz", as the first line says it.
+    pub fn describe(&self) -> String {
+        match self {
+            EventSpec::Cpu { frequency } => format!("sampling at {frequency} Hz"),
+            EventSpec::Syscalls(names) => format!("tracing {}", names.join(", ")),
+        }
+    }
+
+    /// How often records may come: what the recording loop paces its
+    /// reading by.
+    pub fn period(&self) -> Duration {
+        match self {
+            EventSpec::Cpu { frequency } => Duration::from_secs(1) / (*frequency).max(1) as u32,
+            // Traced events come whenever the target makes them, not at ticks.
+            EventSpec::Syscalls(_) => Duration::from_millis(2),
+        }
+    }
+}
