@@ -20,14 +20,14 @@ use crate::cli::Format;
 use crate::launch::StopSignals;
 use crate::pace::{Every, Pace};
 use crate::processes::Processes;
-use crate::recording::{self, Header, RenderOptions};
+use crate::recording::{self, Header, RenderOptions, Summary};
 use crate::resolve::NativeNames;
 use crate::system;
 use crate::unwind::{self, Unwinder};
 use collector::Collector;
 pub use event::EventSpec;
 use progress::Progress;
-use sinks::{finish_sinks, open_sinks, output_format, output_path};
+use sinks::{finish_sinks, open_sinks, output_format, output_path, Sinks};
 use summary::print_summary;
 
 /// How often the in-kernel counts are collected.
@@ -103,7 +103,7 @@ pub fn record(cfg: RecordConfig) -> Result<Option<ExitStatus>> {
     if cfg.native || cfg.kernel {
         collector.native = Some((NativeNames::default(), cfg.native_all));
     }
-    let (mut child, roots) = roots::start(&cfg, &mut probe, &mut processes, &signals)?;
+    let (child, roots) = roots::start(&cfg, &mut probe, &mut processes, &signals)?;
     let first_pid = match (&cfg.target, &child) {
         (_, Some(c)) => c.id(),
         (Target::Pids(pids), None) => pids[0],
@@ -126,120 +126,195 @@ pub fn record(cfg: RecordConfig) -> Result<Option<ExitStatus>> {
         ),
     };
     let output = output_path(&cfg, format, first_pid, header.started_ns);
-    let mut sinks = open_sinks(&cfg, &header, format, &output, first_pid)?;
+    let sinks = open_sinks(&cfg, &header, format, &output, first_pid)?;
     cfg.event.attach(&mut probe)?;
 
     announce(&cfg, &roots);
 
-    let progress = Progress::new(cfg.quiet);
-    let unit = header.event.unit().count_name();
-    let started = Instant::now();
-    let mut epoch_started = Instant::now();
-    let totals =
-        |probe: &Probe, c: &Collector| c.totals(&probe.stats().unwrap_or_default(), started.elapsed());
-    // An error while recording still writes what was collected before it.
-    let mut recording_error = None;
     system::favour_recording_thread();
-    let mut pace = Pace::new(cfg.event.period());
-    // Exits come as records; this is for a target that ends otherwise (a
-    // PID rprof follows without its exit, an exec).
-    let mut liveness = Every::new(Duration::from_millis(20));
-    let time_is_up =
-        |signals: &StopSignals| signals.stopped() || cfg.duration.is_some_and(|d| started.elapsed() >= d);
-    loop {
-        let step = (|| -> Result<bool> {
+    let mut session = Session {
+        cfg: &cfg,
+        progress: Progress::new(cfg.quiet),
+        unit: header.event.unit().count_name(),
+        probe,
+        processes,
+        collector,
+        sinks,
+        signals,
+        child,
+        started: Instant::now(),
+        epoch_started: Instant::now(),
+    };
+    // An error while recording still writes what was collected before it.
+    let error = session.run().err();
+    let (child, signals) = session.finish(error, &output, format)?;
+    roots::command_exit(child, &signals, &cfg.target, first_pid)
+}
+
+/// A recording under way: where records come from, what names them, where
+/// what is collected goes.
+struct Session<'a> {
+    cfg: &'a RecordConfig,
+    probe: Probe,
+    processes: Processes,
+    collector: Collector,
+    sinks: Sinks,
+    progress: Progress,
+    signals: StopSignals,
+    /// The command rprof started, if it did.
+    child: Option<Child>,
+    /// What the counts count ("samples").
+    unit: &'static str,
+    started: Instant,
+    epoch_started: Instant,
+}
+
+impl Session<'_> {
+    /// Reads, names and counts until the duration ends, a stop signal, or
+    /// the targets end.
+    fn run(&mut self) -> Result<()> {
+        let mut pace = Pace::new(self.cfg.event.period());
+        // Exits come as records; this is for a target that ends otherwise (a
+        // PID rprof follows without its exit, an exec).
+        let mut liveness = Every::new(Duration::from_millis(20));
+        loop {
             pace.sleep();
-            // A batch at most, and no further once time is up: a starved
-            // rprof still stops when asked (the rest is read at the end).
-            let mut read = 0;
-            while read < bpf::BATCH && !time_is_up(&signals) {
-                let Some(r) = probe.next_record()? else { break };
-                collector.on_record(r, &mut processes, &mut probe)?;
-                read += 1;
-            }
+            let read = self.read_batch()?;
             pace.read(read, read == bpf::BATCH);
-            processes.inspect_pending(&mut probe)?;
-            collector.warm(&processes, cfg.kernel);
-            for f in processes.all() {
-                if let Some(ruby) = &mut f.ruby {
-                    ruby.resolver.tick();
-                }
+            self.tick()?;
+            if self.ended(&mut liveness) {
+                return Ok(());
             }
-            collector.retry(false, &mut processes);
-            let command_ended = child
-                .as_mut()
-                .is_some_and(|c: &mut Child| matches!(c.try_wait(), Ok(Some(_))));
-            if time_is_up(&signals)
-                || command_ended
-                || (child.is_none() && liveness.due() && !processes.any_alive())
-            {
-                return Ok(true);
+            if self.epoch_started.elapsed() >= EPOCH {
+                self.close_epoch()?;
             }
-            if epoch_started.elapsed() >= EPOCH {
-                let counts = collector.close_epoch(&mut probe, &mut processes, false, started.elapsed())?;
-                let totals = totals(&probe, &collector);
-                sinks.epoch(&counts, &totals, &progress)?;
-                progress.update(&totals, unit, cfg.subprocesses.then_some(processes.counts));
-                processes.sweep_ended(&mut probe, |f, u| collector.flush(f, u));
-                processes.refresh_threads(&mut probe)?;
-                epoch_started = Instant::now();
-            }
-            if signals.take_write_request() {
-                if let Some(f) = &sinks.flight {
-                    if let Some(path) = f.write(&totals(&probe, &collector))? {
-                        progress.say(&format!("rprof: wrote {}", path.display()));
-                    }
-                }
-            }
-            Ok(false)
-        })();
-        match step {
-            Ok(false) => {}
-            Ok(true) => break,
-            Err(e) => {
-                recording_error = Some(e);
-                break;
+            if self.signals.take_write_request() {
+                self.write_window()?;
             }
         }
-    }
-    probe.detach();
-    // What was recorded: a starved rprof may take a while to name the rest.
-    let recorded = started.elapsed();
-    match collector.close_epoch(&mut probe, &mut processes, true, recorded) {
-        Ok(counts) => {
-            let totals = collector.totals(&probe.stats().unwrap_or_default(), recorded);
-            if let Err(e) = sinks.epoch(&counts, &totals, &progress) {
-                recording_error.get_or_insert(e);
-            }
-        }
-        Err(e) => {
-            recording_error.get_or_insert(e);
-        }
-    }
-    progress.finish();
-    let stats = probe.stats().unwrap_or_default();
-    let summary = collector.totals(&stats, recorded);
-    let ruby_version = Vec::from_iter(processes.ruby_versions.iter().cloned()).join(", ");
-    for f in processes.all() {
-        probe.remove_process(f.id.pid);
     }
 
-    let written = finish_sinks(&mut sinks, &summary, &output, format, &cfg.render);
-    let counts = cfg.subprocesses.then_some(processes.counts);
-    let no_room = processes.native.as_ref().map_or(0, |u| u.no_room);
-    print_summary(
-        &summary,
-        &ruby_version,
-        unit,
-        &stats,
-        &collector,
-        counts,
-        no_room,
-        &written.0,
-    );
-    summary::print_refused(&processes);
-    match (recording_error, written) {
-        (Some(e), (written, _)) => {
+    fn time_is_up(&self) -> bool {
+        self.signals.stopped() || self.cfg.duration.is_some_and(|d| self.started.elapsed() >= d)
+    }
+
+    /// A batch of records at most, and no further once time is up: a
+    /// starved rprof still stops when asked (the rest is read at the end).
+    fn read_batch(&mut self) -> Result<usize> {
+        let mut read = 0;
+        while read < bpf::BATCH && !self.time_is_up() {
+            let Some(r) = self.probe.next_record()? else { break };
+            self.collector
+                .on_record(r, &mut self.processes, &mut self.probe)?;
+            read += 1;
+        }
+        Ok(read)
+    }
+
+    /// New processes inspected, the GC clocks followed, waiting records
+    /// tried again.
+    fn tick(&mut self) -> Result<()> {
+        self.processes.inspect_pending(&mut self.probe)?;
+        self.collector.warm(&self.processes, self.cfg.kernel);
+        for f in self.processes.all() {
+            if let Some(ruby) = &mut f.ruby {
+                ruby.resolver.tick();
+            }
+        }
+        self.collector.retry(false, &mut self.processes);
+        Ok(())
+    }
+
+    /// Whether the recording is over: time is up, or what it records ended.
+    fn ended(&mut self, liveness: &mut Every) -> bool {
+        let command_ended = self
+            .child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(Some(_))));
+        self.time_is_up()
+            || command_ended
+            || (self.child.is_none() && liveness.due() && !self.processes.any_alive())
+    }
+
+    fn totals(&self) -> Summary {
+        let stats = self.probe.stats().unwrap_or_default();
+        self.collector.totals(&stats, self.started.elapsed())
+    }
+
+    /// Closes the epoch open: its counts go to the sinks.
+    fn close_epoch(&mut self) -> Result<()> {
+        let now = self.started.elapsed();
+        let counts = self
+            .collector
+            .close_epoch(&mut self.probe, &mut self.processes, false, now)?;
+        let totals = self.totals();
+        self.sinks.epoch(&counts, &totals, &self.progress)?;
+        let followed = self.cfg.subprocesses.then_some(self.processes.counts);
+        self.progress.update(&totals, self.unit, followed);
+        let collector = &mut self.collector;
+        self.processes
+            .sweep_ended(&mut self.probe, |f, u| collector.flush(f, u));
+        self.processes.refresh_threads(&mut self.probe)?;
+        self.epoch_started = Instant::now();
+        Ok(())
+    }
+
+    /// `kill -USR2`: the flight recorder's window, written now.
+    fn write_window(&self) -> Result<()> {
+        if let Some(f) = &self.sinks.flight {
+            if let Some(path) = f.write(&self.totals())? {
+                self.progress.say(&format!("rprof: wrote {}", path.display()));
+            }
+        }
+        Ok(())
+    }
+
+    /// The last epoch, the output and the summary line. `error` stopped the
+    /// recording early; what was collected before it is written all the
+    /// same. Returns the command rprof started and the stop signals, for
+    /// its exit.
+    fn finish(
+        mut self,
+        mut error: Option<anyhow::Error>,
+        output: &recording::Output,
+        format: Format,
+    ) -> Result<(Option<Child>, StopSignals)> {
+        self.probe.detach();
+        // What was recorded: a starved rprof may take a while to name the rest.
+        let recorded = self.started.elapsed();
+        let last = self
+            .collector
+            .close_epoch(&mut self.probe, &mut self.processes, true, recorded)
+            .and_then(|counts| {
+                let totals = self
+                    .collector
+                    .totals(&self.probe.stats().unwrap_or_default(), recorded);
+                self.sinks.epoch(&counts, &totals, &self.progress)
+            });
+        if let Err(e) = last {
+            error.get_or_insert(e);
+        }
+        self.progress.finish();
+        let stats = self.probe.stats().unwrap_or_default();
+        let summary = self.collector.totals(&stats, recorded);
+        let ruby_version = Vec::from_iter(self.processes.ruby_versions.iter().cloned()).join(", ");
+        for f in self.processes.all() {
+            self.probe.remove_process(f.id.pid);
+        }
+        let (written, unwritten) = finish_sinks(&mut self.sinks, &summary, output, format, &self.cfg.render);
+        let p = &self.processes;
+        print_summary(
+            &summary,
+            &ruby_version,
+            self.unit,
+            &stats,
+            &self.collector,
+            self.cfg.subprocesses.then_some(p.counts),
+            p.native.as_ref().map_or(0, |u| u.no_room),
+            &written,
+        );
+        summary::print_refused(p);
+        if let Some(e) = error {
             let what = if written.is_empty() {
                 ""
             } else {
@@ -247,10 +322,11 @@ pub fn record(cfg: RecordConfig) -> Result<Option<ExitStatus>> {
             };
             return Err(e.context(format!("recording stopped early{what}")));
         }
-        (None, (_, Some(e))) => return Err(e),
-        (None, (_, None)) => {}
+        if let Some(e) = unwritten {
+            return Err(e);
+        }
+        Ok((self.child, self.signals))
     }
-    roots::command_exit(child, &signals, &cfg.target, first_pid)
 }
 
 /// The first line: what is recorded, how, and until when.
