@@ -2,6 +2,7 @@
 attach a profiler to it, let it run, and read what it reports."""
 import json
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -62,6 +63,15 @@ class Profiler:
             self.proc.send_signal(signal.SIGINT)
             _, err = self.proc.communicate()
         return err
+
+
+def samples_in(stderr, default):
+    """The samples rprof's last line counts ("rprof: N samples, ..."). BPF
+    time is divided by these, not by the program's runs: it also runs on
+    every tick of a CPU running anything else, returning at once, and how
+    many such runs there are depends on where the profiled thread runs."""
+    m = re.search(r"rprof: (\d+) samples", stderr or "")
+    return int(m.group(1)) if m else default
 
 
 def median(xs):
