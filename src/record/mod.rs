@@ -115,9 +115,8 @@ pub fn record(cfg: RecordConfig) -> Result<Option<ExitStatus>> {
         event: cfg.event.recorded(),
         started_ns: recording::unix_now_ns(),
         target: format!(
-            "{} {}{}",
-            if roots.len() == 1 { "process" } else { "processes" },
-            roots.join(", "),
+            "{}{}",
+            named(&roots),
             if cfg.subprocesses {
                 " and its subprocesses"
             } else {
@@ -343,13 +342,18 @@ fn announce(cfg: &RecordConfig, roots: &[String]) {
         (None, _) => "Ctrl-C to stop".to_string(),
     };
     eprintln!(
-        "rprof: recording {} {}{}, {what}; {until}",
-        if roots.len() == 1 { "process" } else { "processes" },
-        roots.join(", "),
+        "rprof: recording {}{}, {what}; {until}",
+        named(roots),
         if cfg.subprocesses {
             " and every process forked from it"
         } else {
             ""
         },
     );
+}
+
+/// "process 42 (ruby, Ruby 3.1.2)", "processes 42 (...), 43 (...)".
+fn named(roots: &[String]) -> String {
+    let noun = if roots.len() == 1 { "process" } else { "processes" };
+    format!("{noun} {}", roots.join(", "))
 }

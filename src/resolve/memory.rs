@@ -176,18 +176,8 @@ impl Memory {
         }
         let mut raw = [0u8; 256];
         self.space.read(body, &mut raw).ok()?;
-        let u64_at = |off: u32| -> u64 {
-            let o = off as usize;
-            raw.get(o..o + 8)
-                .map(|b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8])))
-                .unwrap_or(0)
-        };
-        let u32_at = |off: u32| -> u64 {
-            let o = off as usize;
-            raw.get(o..o + 4)
-                .map(|b| u32::from_le_bytes(b.try_into().unwrap_or([0; 4])) as u64)
-                .unwrap_or(0)
-        };
+        let u64_at = |off: u32| u64_in(&raw, off as usize).unwrap_or(0);
+        let u32_at = |off: u32| u32_in(&raw, off as usize).map_or(0, u64::from);
         let first_lineno = if l.first_lineno_is_fixnum != 0 {
             u64_at(l.first_lineno) >> 1
         } else {
@@ -315,7 +305,7 @@ impl Memory {
         let size = st.entry_size as u64;
         let mut raw = vec![0u8; ((bound - start) * size) as usize];
         self.space.read(entries + start * size, &mut raw).ok()?;
-        let word = |at: usize| u64::from_le_bytes(raw[at..at + 8].try_into().unwrap_or([0; 8]));
+        let word = |at: usize| u64_in(&raw, at).unwrap_or(0);
         let mut out = Vec::new();
         for i in 0..(bound - start) as usize {
             let base = i * size as usize;
@@ -346,10 +336,6 @@ impl Memory {
         let mut id = (flags >> sh.id_shift) as u32;
         let mut out = Vec::new();
         let mut raw = vec![0u8; sh.size as usize];
-        let u32_at = |raw: &[u8], off: u32| -> Option<u32> {
-            let o = off as usize;
-            Some(u32::from_le_bytes(raw.get(o..o + 4)?.try_into().ok()?))
-        };
         for _ in 0..MAX_SHAPE_DEPTH {
             if id == NO_SHAPE {
                 return Some(out);
@@ -358,14 +344,13 @@ impl Memory {
                 .read(list + u64::from(id) * u64::from(sh.size), &mut raw)
                 .ok()?;
             let kind = *raw.get(sh.type_ as usize)?;
-            let index = u32_at(&raw, sh.next_iv_index)?;
+            let index = u32_in(&raw, sh.next_iv_index as usize)?;
             if kind == sh.type_ivar && index > 0 {
-                let o = sh.edge_name as usize;
-                let edge = u64::from_le_bytes(raw.get(o..o + 8)?.try_into().ok()?);
+                let edge = u64_in(&raw, sh.edge_name as usize)?;
                 let value = self.space.read_u64(ivs + 8 * u64::from(index - 1)).ok()?;
                 out.push((self.id_name(edge)?, value));
             }
-            id = u32_at(&raw, sh.parent_id)?;
+            id = u32_in(&raw, sh.parent_id as usize)?;
         }
         None
     }
@@ -470,12 +455,12 @@ impl Memory {
         let mut raw = vec![0u8; (info.insns_size * entry) as usize];
         self.space.read(info.insns_body, &mut raw).ok()?;
         let at = l.insn_info_line_no as usize;
-        let mut lines = raw.chunks_exact(entry as usize).map(|e| {
-            match u32::from_le_bytes(e[at..at + 4].try_into().unwrap_or([0; 4])) {
+        let mut lines = raw
+            .chunks_exact(entry as usize)
+            .map(|e| match u32_in(e, at).unwrap_or(0) {
                 0 => info.first_lineno,
                 line => line,
-            }
-        });
+            });
         let first = lines.next()?;
         lines.all(|line| line == first).then_some(first)
     }
@@ -493,8 +478,8 @@ impl Memory {
         let block = table + 8 * (IMMEDIATE_TABLE_SIZE / 9) + (x / 512) * SUCC_BLOCK_SIZE;
         let mut raw = [0u8; SUCC_BLOCK_SIZE as usize];
         self.space.read(block, &mut raw).ok()?;
-        let word = |off: usize| u64::from_le_bytes(raw[off..off + 8].try_into().unwrap_or([0; 8]));
-        let rank = u32::from_le_bytes(raw[0..4].try_into().unwrap_or([0; 4])) as u64;
+        let word = |off: usize| u64_in(&raw, off).unwrap_or(0);
+        let rank = u32_in(&raw, 0).map_or(0, u64::from);
         let small_ranks = word(8);
         let bit = x % 512;
         let j = bit / 64;
@@ -539,4 +524,14 @@ impl Memory {
         let name = self.rarray_entry(chunk, (serial % s.id_entry_unit) * 2)?;
         self.rstring(name)
     }
+}
+
+/// The little-endian u64 at byte `at` of `raw`, if `raw` holds one there.
+fn u64_in(raw: &[u8], at: usize) -> Option<u64> {
+    Some(u64::from_le_bytes(raw.get(at..at + 8)?.try_into().ok()?))
+}
+
+/// The little-endian u32 at byte `at` of `raw`, if `raw` holds one there.
+fn u32_in(raw: &[u8], at: usize) -> Option<u32> {
+    Some(u32::from_le_bytes(raw.get(at..at + 4)?.try_into().ok()?))
 }

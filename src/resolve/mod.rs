@@ -24,7 +24,6 @@ use std::time::{Duration, Instant};
 
 use flamegraphs::Frame;
 
-use crate::address_space::AddressSpace;
 use crate::bpf::types;
 use crate::gc_time::{bracket, GcClock, GcTime, MajorLog, Reading, SampleTime};
 use crate::process::Process;
@@ -110,7 +109,6 @@ impl PcTrust {
 pub struct Resolver {
     memory: Memory,
     clock: Option<GcClock>,
-    space: Rc<dyn AddressSpace>,
     log: MajorLog,
     iseqs: Facts<Rc<Iseq>>,
     /// None: the address holds no method entry (a frame outside any method
@@ -143,7 +141,6 @@ impl Resolver {
 
     fn with_memory(memory: Memory, clock: Option<GcClock>, mjit: Option<u64>) -> Self {
         let mut resolver = Self {
-            space: memory.space().clone(),
             memory,
             clock,
             log: MajorLog::default(),
@@ -173,7 +170,6 @@ impl Resolver {
     pub fn forked(&self, child: Process, at: GcTime) -> Self {
         let memory = self.memory.for_process(child);
         let mut resolver = Self {
-            space: memory.space().clone(),
             memory,
             clock: self.clock,
             log: self.log.forked(at.count()),
@@ -203,9 +199,10 @@ impl Resolver {
     }
 
     fn read_clock(&mut self) -> Option<Reading> {
+        let space = self.memory.space();
         let r = match self.clock {
-            Some(clock) => clock.read(&*self.space)?,
-            None if self.space.is_still() => Reading::STILL,
+            Some(clock) => clock.read(&**space)?,
+            None if space.is_still() => Reading::STILL,
             None => return None,
         };
         self.log.note(&r);
@@ -233,7 +230,7 @@ impl Resolver {
             let mut on = [0u8];
             self.mjit_on = self
                 .mjit
-                .is_some_and(|at| self.space.read(at, &mut on).is_ok() && on[0] != 0);
+                .is_some_and(|at| self.memory.space().read(at, &mut on).is_ok() && on[0] != 0);
         }
         self.mjit_on
     }
