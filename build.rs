@@ -22,6 +22,8 @@ fn main() {
             format!("-D__TARGET_ARCH_{target_arch}"),
             "-Wall".to_string(),
             "-O2".to_string(),
+            // Compare-and-swap and exchange (the wall sweep) need BPF ISA v3.
+            "-mcpu=v3".to_string(),
         ])
         .build_and_generate(&out)
         .expect("compiling bpf/rprof.bpf.c (needs clang and libbpf headers: run `make deps`)");

@@ -115,6 +115,9 @@ volatile __u64 epoch;
  * (--kernel) stacks too. */
 const volatile bool native_stacks = false;
 const volatile bool kernel_stacks = false;
+/* `wall`: CPU samples weigh the time since the thread's last mark, and
+ * switches count the time off CPU (on_switch). */
+const volatile bool wall_mode = false;
 
 /* Keep the shared types in BTF so the skeleton generates them for Rust. */
 struct rprof_frame rprof_frame_type;
@@ -132,6 +135,9 @@ struct rprof_unwind_file rprof_unwind_file_type;
 struct rprof_space rprof_space_type;
 struct rprof_native_frame rprof_native_frame_type;
 struct rprof_thread_pointer rprof_thread_pointer_type;
+struct rprof_wall_task rprof_wall_task_type;
+struct rprof_wall_thread rprof_wall_thread_type;
+enum rprof_wall_state rprof_wall_state_type;
 enum rprof_cfa_kind rprof_cfa_kind_type;
 enum rprof_rbp_kind rprof_rbp_kind_type;
 enum rprof_file_flags rprof_file_flags_type;
@@ -146,11 +152,20 @@ struct walk_ctx {
 	__u64 win_lo;
 	__u64 win_hi;
 	__u64 hash;
+	__u64 th;	   /* the EC's rb_thread_t */
 	__u64 frame_flags; /* ep[0] of the frame walk_frame reads */
 	__u32 n;
 	__u32 out;
 	__u32 failed;
 };
+
+static __always_inline void stat_add(__u32 idx, __u64 n)
+{
+	__u64 *v = bpf_map_lookup_elem(&stats, &idx);
+
+	if (v)
+		__sync_fetch_and_add(v, n);
+}
 
 static __always_inline void stat_inc(__u32 idx)
 {
@@ -411,6 +426,7 @@ static __always_inline void walk_stack(struct walk_ctx *w, __u64 ec, __u64 tp)
 	end = vm_stack + ecw[(p->ec_vm_stack_size / 8) & 7] * 8;
 	cfp = ecw[(p->ec_cfp / 8) & 7];
 	th = ecw[(p->ec_thread_ptr / 8) & 7];
+	w->th = th;
 	if (p->verify_thread) {
 		if (!ec_is_this_thread(p, th, tp)) {
 			s->hdr.flags |= RPROF_SAMPLE_FOREIGN_EC;
@@ -618,7 +634,7 @@ static __always_inline void count_stack(struct scratch *s)
 			stat_inc(RPROF_STAT_LOST);
 		return;
 	}
-	__sync_fetch_and_add(&c->count, 1);
+	__sync_fetch_and_add(&c->count, s->hdr.weight);
 	/* If the ring buffer is full the count stays; a later event retries, and
 	 * userspace reports counts whose stack never arrived as lost. */
 	if (c->emitted)
@@ -685,12 +701,221 @@ static __always_inline void finish(struct scratch *s, __u64 frames_hash)
 	struct rprof_sample_header *h = &s->hdr;
 
 	h->hash = finish_hash(
-	    mix(mix(mix(mix(mix(mix(frames_hash, ((__u64)h->tid << 32) | h->event), h->flags),
-			    h->nframes),
-			h->gc_time),
-		    h->ruby_thread),
-		h->start_ticks));
+	    mix(mix(mix(mix(mix(mix(mix(frames_hash, ((__u64)h->tid << 32) | h->event), h->flags),
+				h->nframes),
+			    h->gc_time),
+			h->ruby_thread),
+		    h->start_ticks),
+		((__u64)h->wall_state << 32) | (__u32)h->wall_syscall));
 	count_stack(s);
+}
+
+/* A record's header, before its stack is read. */
+static __always_inline void begin(struct scratch *s, struct rprof_proc *p, __u32 tgid, __u32 tid,
+				  __u32 event)
+{
+	s->hdr.kind = RPROF_RECORD_SAMPLE;
+	s->hdr.pid = tgid;
+	s->hdr.start_ticks = p->start_ticks;
+	s->hdr.tid = tid;
+	s->hdr.event = event;
+	s->hdr.flags = 0;
+	s->hdr.nframes = 0;
+	s->hdr.ruby_thread = 0;
+	s->hdr.gc_time = 0;
+	s->hdr.nnative = 0;
+	s->hdr.native_stop = 0;
+	s->hdr.nkernel = 0;
+	s->hdr.wall_state = 0;
+	s->hdr.wall_syscall = -1;
+	s->hdr.weight = 1;
+}
+
+/* The Ruby stack of `task`, the current task: its frames into the record,
+ * their hash into w->hash (0 and no frames if they could not be read). */
+static __always_inline void read_stack(struct walk_ctx *w, struct task_struct *task, __u32 tgid)
+{
+	struct scratch *s = w->s;
+	__u64 tp = BPF_CORE_READ(task, thread.fsbase), ec = 0;
+
+	if (read_ec(w->p, tgid, tp, &ec)) {
+		s->hdr.flags |= RPROF_SAMPLE_READ_FAILED;
+	} else if (!ec) {
+		s->hdr.flags |= RPROF_SAMPLE_NO_EC;
+		stat_inc(RPROF_STAT_NO_EC);
+	} else {
+		walk_stack(w, ec, tp);
+		if (w->out && read_gc_time(w->p, s, &s->hdr.gc_time, &s->hdr.flags))
+			s->hdr.flags |= RPROF_SAMPLE_READ_FAILED;
+	}
+	if (s->hdr.flags & RPROF_SAMPLE_READ_FAILED) {
+		stat_inc(RPROF_STAT_READ_FAILED);
+		w->out = 0; /* a partial stack would lie */
+		w->hash = 0;
+	}
+	if (s->hdr.flags & RPROF_SAMPLE_FOREIGN_EC)
+		stat_inc(RPROF_STAT_FOREIGN_EC);
+	s->hdr.nframes = w->out;
+}
+
+/* wall: each followed thread's open interval (struct rprof_wall_task). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u32);
+	__type(value, struct rprof_wall_task);
+} wall_tasks SEC(".maps");
+
+#define ON_CPU 1ULL
+/* A mark read once: the compare-and-swap must expect the value tested, not
+ * one the compiler reloads after another CPU changed it. */
+#define READ_MARK(e) (*(volatile __u64 *)&(e)->mark)
+
+/* wall: the stacks userspace read of threads the sweep found blocked (key:
+ * tid), taken by their open interval (whose hash is 0 until then). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u32);
+	__type(value, __u64);
+} wall_seeds SEC(".maps");
+
+/* wall: the stack a wait the sweep opened counts to, once userspace has
+ * read it; 0 before. */
+static __always_inline __u64 seeded_hash(struct rprof_wall_task *e, __u32 tid)
+{
+	__u64 *seed;
+
+	if (e->hash)
+		return e->hash;
+	seed = bpf_map_lookup_elem(&wall_seeds, &tid);
+	if (!seed)
+		return 0;
+	e->hash = *seed;
+	return e->hash;
+}
+
+/* wall: adds `ns` to a stack whose record was sent when its interval began
+ * (userspace keeps the stacks of open intervals named across epochs). */
+static __always_inline void add_time(__u64 hash, __u64 ns)
+{
+	struct rprof_stack_count *c = 0, init = {.count = ns};
+	__u32 live = epoch & 1;
+	void *map = bpf_map_lookup_elem(&counts, &live);
+	long err;
+
+	if (!map || !ns)
+		return;
+	c = bpf_map_lookup_elem(map, &hash);
+	if (!c) {
+		err = bpf_map_update_elem(map, &hash, &init, BPF_NOEXIST);
+		if (!err)
+			return;
+		if (err == -EEXIST)
+			c = bpf_map_lookup_elem(map, &hash);
+	}
+	if (c)
+		__sync_fetch_and_add(&c->count, ns);
+	else
+		stat_add(RPROF_STAT_WALL_LOST, ns);
+}
+
+/* wall: the thread runs, but its mark says it waits: the kernel ran it
+ * with no sched_switch to it (seen here: a task whose own switches are not
+ * traced, a host agent, handed the CPU back). When its wait ended is not
+ * known, but its CPU time since the mark says how much of the interval it
+ * ran: that is returned, to count as running, and the rest counts to the
+ * wait, so that its time still adds up. */
+static __always_inline __u64 missed_switch_in(struct rprof_wall_task *e, __u32 tid,
+					      struct task_struct *task, __u64 mark, __u64 now)
+{
+	__u64 total = (mark >> 1) < now ? now - (mark >> 1) : 0;
+	__u64 ran = task->se.sum_exec_runtime - e->exec, hash;
+
+	if (ran > total)
+		ran = total;
+	stat_inc(RPROF_STAT_WALL_MISSED_IN);
+	hash = seeded_hash(e, tid);
+	if (hash)
+		add_time(hash, total - ran);
+	else
+		stat_add(RPROF_STAT_WALL_UNSEEN, total - ran);
+	return ran;
+}
+
+/* wall: a CPU sample weighs the time on CPU since the thread's last mark
+ * (its switch-in, or its previous sample), so running time adds up
+ * exactly, each slice to the stack it ended in. */
+static __always_inline __u64 wall_sample_weight(struct rprof_proc *p, __u32 tid,
+						struct task_struct *task)
+{
+	struct rprof_wall_task *e = bpf_map_lookup_elem(&wall_tasks, &tid), fresh = {};
+	__u64 now = bpf_ktime_get_ns(), since;
+
+	if (!e) {
+		/* Running since before rprof saw it switch: since it was followed. */
+		since = task->start_time > p->wall_since ? task->start_time : p->wall_since;
+		fresh.mark = (now << 1) | ON_CPU;
+		bpf_map_update_elem(&wall_tasks, &tid, &fresh, BPF_NOEXIST);
+		return since < now ? now - since : 0;
+	}
+	since = __sync_lock_test_and_set(&e->mark, (now << 1) | ON_CPU);
+	if (!(since & ON_CPU))
+		return missed_switch_in(e, tid, task, since, now);
+	since >>= 1;
+	return since < now ? now - since : 0;
+}
+
+/* A word of the rb_thread_t copied into s->cfps. */
+static __always_inline __u64 th_word(struct scratch *s, __u32 off)
+{
+	return *(__u64 *)(s->cfps + (off & 511));
+}
+
+/* wall: why the current thread, which is leaving the CPU and not runnable,
+ * waits: from its rb_thread_t (see offcpu notes in ARCHITECTURE.md §9). */
+static __always_inline __u32 wall_reason(struct rprof_proc *p, struct scratch *s, __u64 th)
+{
+	__u64 base = 0, holder = 0, next, brb;
+	__u32 status;
+	__u8 byte;
+
+	if (!th || !p->th_status_mask || !p->th_read_len)
+		return RPROF_WALL_OFF_CPU;
+	if (bpf_probe_read_user(s->cfps, p->th_read_len & 511, (void *)th))
+		return RPROF_WALL_OFF_CPU;
+	base = th_word(s, p->th_gvl_base);
+	if (base && bpf_probe_read_user(&holder, sizeof(holder), (void *)(base + p->gvl_holder)))
+		holder = 0;
+	if (holder == th)
+		return RPROF_WALL_GVL_HELD;
+	next = th_word(s, p->th_gvl_node);
+	if (next && next != th + p->th_gvl_node &&
+	    !(p->th_gvl_node_ubf && th_word(s, p->th_unblock_func)))
+		return RPROF_WALL_GVL;
+	byte = s->cfps[p->th_status_byte & 511];
+	status = (byte >> (p->th_status_shift & 7)) & p->th_status_mask;
+	brb = th_word(s, p->th_blocking_region);
+	if (brb)
+		return RPROF_WALL_BLOCKED;
+	switch (status) {
+	case 0: /* THREAD_RUNNABLE outside a blocking region: taking the GVL */
+		return RPROF_WALL_GVL;
+	case 1: /* THREAD_STOPPED */
+		return RPROF_WALL_SLEEP;
+	case 2: /* THREAD_STOPPED_FOREVER */
+		return th_word(s, p->th_locking_mutex) ? RPROF_WALL_MUTEX : RPROF_WALL_WAIT;
+	default:
+		return RPROF_WALL_OFF_CPU;
+	}
+}
+
+/* The system call `task` is in, or -1. */
+static __always_inline __s32 syscall_of(struct task_struct *task)
+{
+	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
+
+	return regs ? (__s32)BPF_CORE_READ(regs, orig_ax) : -1;
 }
 
 int on_cpu_sample_native(struct bpf_perf_event_data *ctx);
@@ -726,7 +951,6 @@ static __always_inline int on_event(void *ctx, __u32 event, const bool tracepoin
 	struct scratch *s;
 	struct walk_ctx w = {};
 	struct task_struct *task;
-	__u64 tp, ec = 0;
 
 	p = bpf_map_lookup_elem(&procs, &tgid);
 	if (!p) {
@@ -748,41 +972,14 @@ static __always_inline int on_event(void *ctx, __u32 event, const bool tracepoin
 	if (!s)
 		return 0;
 
-	s->hdr.kind = RPROF_RECORD_SAMPLE;
-	s->hdr.pid = tgid;
-	s->hdr.start_ticks = p->start_ticks;
-	s->hdr.tid = tid;
-	s->hdr.event = event;
-	s->hdr.flags = 0;
-	s->hdr.nframes = 0;
-	s->hdr.ruby_thread = 0;
-	s->hdr.gc_time = 0;
-	s->hdr.nnative = 0;
-	s->hdr.native_stop = 0;
-	s->hdr.nkernel = 0;
-	tp = BPF_CORE_READ(task, thread.fsbase);
-
+	begin(s, p, tgid, tid, event);
+	if (wall_mode) {
+		s->hdr.weight = wall_sample_weight(p, tid, task);
+		s->hdr.wall_state = RPROF_WALL_RUNNING;
+	}
 	w.s = s;
 	w.p = p;
-	if (read_ec(p, tgid, tp, &ec)) {
-		s->hdr.flags |= RPROF_SAMPLE_READ_FAILED;
-	} else if (!ec) {
-		s->hdr.flags |= RPROF_SAMPLE_NO_EC;
-		stat_inc(RPROF_STAT_NO_EC);
-	} else {
-		walk_stack(&w, ec, tp);
-		if (w.out && read_gc_time(p, s, &s->hdr.gc_time, &s->hdr.flags))
-			s->hdr.flags |= RPROF_SAMPLE_READ_FAILED;
-	}
-	if (s->hdr.flags & RPROF_SAMPLE_READ_FAILED) {
-		stat_inc(RPROF_STAT_READ_FAILED);
-		w.out = 0; /* a partial stack would lie */
-		w.hash = 0;
-	}
-	if (s->hdr.flags & RPROF_SAMPLE_FOREIGN_EC)
-		stat_inc(RPROF_STAT_FOREIGN_EC);
-
-	s->hdr.nframes = w.out;
+	read_stack(&w, task, tgid);
 	if (native_stacks || kernel_stacks) {
 		/* The native and kernel stacks in a program of their own, which
 		 * the verifier checks apart from this one. */
@@ -930,6 +1127,185 @@ int BPF_PROG(on_exit, struct task_struct *task)
 	bpf_map_delete_elem(&followed, &tgid);
 	bpf_map_delete_elem(&procs, &tgid);
 	process_event(RPROF_PROCESS_EXIT, tgid, start, 0, 0, 0, 0);
+	return 0;
+}
+
+/* wall: the recipe of `task`'s process, if it is the process rprof profiles
+ * (not another on a reused PID). */
+static __always_inline struct rprof_proc *recipe_of(struct task_struct *task)
+{
+	__u32 tgid = task->tgid;
+	struct rprof_proc *p = bpf_map_lookup_elem(&procs, &tgid);
+
+	return p && start_ticks(task->group_leader) == p->start_ticks ? p : 0;
+}
+
+/* wall: `prev` leaves the CPU (this runs in its context, so its memory is
+ * the current one). Its time on CPU since its last mark counts to the stack
+ * it leaves in; the interval off CPU starts, with the same stack and the
+ * reason its rb_thread_t gives, and counts when it switches in again (or
+ * when userspace sweeps). One walk per switch-out. */
+static __always_inline void wall_out(struct task_struct *prev, bool runnable, __u64 now)
+{
+	__u32 tgid = prev->tgid, tid = prev->pid, slot;
+	struct rprof_wall_task *e, fresh = {};
+	struct walk_ctx w = {};
+	struct rprof_proc *p;
+	struct scratch *s;
+	__u64 mark, since;
+
+	p = recipe_of(prev);
+	if (!p)
+		return;
+	e = bpf_map_lookup_elem(&wall_tasks, &tid);
+	if (!e) {
+		since = prev->start_time > p->wall_since ? prev->start_time : p->wall_since;
+		fresh.mark = (since << 1) | ON_CPU;
+		bpf_map_update_elem(&wall_tasks, &tid, &fresh, BPF_NOEXIST);
+		e = bpf_map_lookup_elem(&wall_tasks, &tid);
+		if (!e)
+			return;
+	}
+	/* The tracepoint slot: nothing else runs on this CPU while it switches. */
+	slot = bpf_get_smp_processor_id() * 2 + 1;
+	s = bpf_map_lookup_elem(&scratch, &slot);
+	if (!s)
+		return;
+	stat_inc(RPROF_STAT_EVENTS);
+	begin(s, p, tgid, tid, 0);
+	w.s = s;
+	w.p = p;
+	read_stack(&w, prev, tgid);
+	/* On CPU from here until the wait below is published: the sweep
+	 * leaves marks on CPU alone. */
+	mark = __sync_lock_test_and_set(&e->mark, (now << 1) | ON_CPU);
+	since = mark >> 1;
+	s->hdr.wall_state = RPROF_WALL_RUNNING;
+	s->hdr.weight = !(mark & ON_CPU) ? missed_switch_in(e, tid, prev, mark, now)
+			: since < now	 ? now - since
+					 : 0;
+	if (s->hdr.weight)
+		finish(s, w.hash);
+	s->hdr.wall_syscall = syscall_of(prev);
+	s->hdr.wall_state = runnable ? RPROF_WALL_RUNNABLE : wall_reason(p, s, w.th);
+	s->hdr.weight = 0; /* counted when the interval ends */
+	finish(s, w.hash);
+	e->hash = s->hdr.hash;
+	e->exec = prev->se.sum_exec_runtime;
+	/* After the hash: the sweep reads the mark, then the hash. */
+	__sync_lock_test_and_set(&e->mark, now << 1);
+}
+
+/* wall: `next` takes the CPU: its interval off CPU ends. */
+static __always_inline void wall_in(struct task_struct *next, __u64 now)
+{
+	__u32 tid = next->pid;
+	struct rprof_wall_task *e, fresh = {};
+	struct rprof_proc *p;
+	__u64 old, hash;
+
+	p = recipe_of(next);
+	if (!p)
+		return;
+	e = bpf_map_lookup_elem(&wall_tasks, &tid);
+	if (!e) {
+		/* Off CPU since before rprof saw it (userspace seeds the threads
+		 * it finds blocked; this one woke first): that time has no stack. */
+		if (next->start_time < p->wall_since && p->wall_since < now)
+			stat_add(RPROF_STAT_WALL_UNSEEN, now - p->wall_since);
+		fresh.mark = (now << 1) | ON_CPU;
+		bpf_map_update_elem(&wall_tasks, &tid, &fresh, BPF_NOEXIST);
+		return;
+	}
+	if (READ_MARK(e) & ON_CPU)
+		return;
+	old = __sync_lock_test_and_set(&e->mark, (now << 1) | ON_CPU);
+	if ((old & ON_CPU) || (old >> 1) >= now)
+		return;
+	hash = seeded_hash(e, tid);
+	if (hash)
+		add_time(hash, now - (old >> 1));
+	else /* it woke before userspace read its stack */
+		stat_add(RPROF_STAT_WALL_UNSEEN, now - (old >> 1));
+}
+
+SEC("tp_btf/sched_switch")
+int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_struct *next,
+	     unsigned int prev_state)
+{
+	__u64 now = bpf_ktime_get_ns();
+
+	/* Preempted (or yielding), the thread stays ready to run. */
+	wall_out(prev, preempt || prev_state == 0, now);
+	wall_in(next, now);
+	return 0;
+}
+
+/* wall, once an epoch and at the end: every followed thread, for userspace
+ * (which seeds those it has never seen with their stacks); the time of each
+ * one off CPU is counted up to now, so long waits show in every epoch. */
+SEC("iter/task")
+int wall_sweep(struct bpf_iter__task *ctx)
+{
+	struct task_struct *task = ctx->task;
+	struct rprof_wall_thread out = {};
+	struct rprof_wall_task *e, fresh = {};
+	struct rprof_proc *p;
+	__u64 now, mark, hash;
+	__u32 tgid, tid;
+	bool running;
+
+	if (!task)
+		return 0;
+	tgid = task->tgid;
+	tid = task->pid;
+	p = recipe_of(task);
+	if (!p)
+		return 0;
+	out.pid = tgid;
+	out.tid = tid;
+	out.start_ticks = p->start_ticks;
+	out.wall_since = p->wall_since;
+	out.tp = BPF_CORE_READ(task, thread.fsbase);
+	out.syscall = syscall_of(task);
+	e = bpf_map_lookup_elem(&wall_tasks, &tid);
+	if (!e) {
+		/* Never seen switching since it was followed: on CPU (or ready)
+		 * all along, or blocked all along. A blocked one's wait is
+		 * opened now, before userspace reads its stack, so that a wakeup
+		 * meanwhile ends it (and userspace sees the mark change). */
+		running = task->on_cpu || task->__state == 0;
+		fresh.mark = (p->wall_since << 1) | (running ? ON_CPU : 0);
+		fresh.exec = task->se.sum_exec_runtime;
+		if (!bpf_map_update_elem(&wall_tasks, &tid, &fresh, BPF_NOEXIST)) {
+			out.seeded = !running;
+			out.seed_mark = fresh.mark;
+		}
+	} else {
+		now = bpf_ktime_get_ns();
+		mark = READ_MARK(e);
+		out.seen = 1;
+		hash = seeded_hash(e, tid);
+		out.hash = hash;
+		/* Not if it has run since (a switch-in rprof did not see):
+		 * its own next event splits that interval. */
+		if (hash && !(mark & ON_CPU) && (mark >> 1) < now &&
+		    task->se.sum_exec_runtime == e->exec &&
+		    __sync_val_compare_and_swap(&e->mark, mark, now << 1) == mark)
+			add_time(hash, now - (mark >> 1));
+	}
+	bpf_seq_write(ctx->meta->seq, &out, sizeof(out));
+	return 0;
+}
+
+/* wall: a thread that ends has no interval any more. */
+SEC("tp_btf/sched_process_exit")
+int BPF_PROG(on_thread_exit, struct task_struct *task)
+{
+	__u32 tid = task->pid;
+
+	bpf_map_delete_elem(&wall_tasks, &tid);
+	bpf_map_delete_elem(&wall_seeds, &tid);
 	return 0;
 }
 

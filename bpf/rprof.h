@@ -109,6 +109,24 @@ struct rprof_proc {
 	__u32 frame_flag_finish;
 	/* RBasic.flags bits all set in an old (promoted) object. */
 	__u64 fl_promoted;
+	/* wall: why a thread is off CPU, from its rb_thread_t at switch-out
+	 * (enum rprof_wall_state). th_status_mask 0: the layout has none. */
+	__u32 th_status_byte; /* status: (byte >> shift) & mask, enum rb_thread_status */
+	__u32 th_status_shift;
+	__u32 th_status_mask;
+	__u32 th_blocking_region; /* blocking_region_buffer: set while the GVL is released */
+	__u32 th_unblock_func;	  /* unblock.func */
+	__u32 th_locking_mutex;	  /* the Mutex it waits for, or Qfalse (0) */
+	__u32 th_gvl_node;	  /* the GVL wait queue's list node in rb_thread_t (next) */
+	__u32 th_gvl_node_ubf;	  /* 1: the node is shared with the ubf list (2.7, 3.1) */
+	__u32 th_gvl_base;	  /* th->ractor (3.x) or th->vm (2.7): where the GVL is */
+	__u32 gvl_holder;	  /* the GVL holder's rb_thread_t, from there */
+	__u32 th_read_len;	  /* bytes of rb_thread_t read at once: past all of these */
+	__u32 wall_pad;
+	/* wall: monotonic ns from which this process's threads are accounted
+	 * (when it was followed); a thread first seen switching in, off CPU
+	 * since before then, counts the gap as unseen. */
+	__u64 wall_since;
 };
 
 /*
@@ -333,7 +351,50 @@ struct rprof_sample_header {
 	__u32 native_stop; /* enum rprof_native_stop */
 	/* --kernel: kernel addresses (__u64) follow those, leaf first */
 	__u32 nkernel;
+	__u32 wall_state;   /* wall: enum rprof_wall_state; 0 otherwise */
+	__s32 wall_syscall; /* wall, off CPU: the system call it is in, or -1 */
 	__u32 pad;
+	__u64 weight; /* RPROF_SAMPLE_DIRECT: what it counts (1, or ns in wall mode) */
+};
+
+/* wall: what a thread was doing. Off CPU, the reason is read from the
+ * thread's own rb_thread_t at switch-out (the kernel alone cannot tell a
+ * GVL wait from a sleep: both wait on the same condition variable). */
+enum rprof_wall_state {
+	RPROF_WALL_RUNNING = 1,	 /* on CPU */
+	RPROF_WALL_RUNNABLE = 2, /* ready to run, but the kernel ran something else */
+	RPROF_WALL_GVL = 3,	 /* waiting for the GVL */
+	RPROF_WALL_BLOCKED = 4,	 /* in a blocking region (GVL released): a system call */
+	RPROF_WALL_SLEEP = 5,	 /* Kernel#sleep */
+	RPROF_WALL_MUTEX = 6,	 /* Mutex#lock of a mutex another thread holds */
+	RPROF_WALL_WAIT = 7,	 /* stopped until woken: Queue#pop, CV#wait, Thread#join, sleep */
+	RPROF_WALL_GVL_HELD = 8, /* blocked while holding the GVL (a C call that keeps it) */
+	RPROF_WALL_OFF_CPU = 9,	 /* a thread without Ruby (or a Ruby rprof cannot classify) */
+};
+
+/* wall: each followed thread's open interval (key: tid). Written by the
+ * thread's own switches and samples, and by the sweep userspace runs once an
+ * epoch, which moves `mark` with a compare-and-swap. */
+struct rprof_wall_task {
+	/* (ns << 1) | on_cpu: when the open interval started, and whether on CPU */
+	__u64 mark;
+	__u64 hash; /* off CPU: the stack the interval counts to */
+	__u64 exec; /* off CPU: the task's CPU time (sum_exec_runtime) at the mark */
+};
+
+/* wall: what the sweep (iter/task) says of each followed thread. */
+struct rprof_wall_thread {
+	__u32 pid;
+	__u32 tid;
+	__u64 start_ticks; /* of the process */
+	__u64 wall_since;  /* its recipe's */
+	__u64 tp;	   /* thread pointer */
+	__u64 hash;	   /* its open interval's stack, if `seen` */
+	__s64 syscall;	   /* orig_ax: the system call it is in, or -1 */
+	__u64 seed_mark;   /* seeded: the mark its interval was opened with */
+	__u32 seen;	   /* 1: it had an interval before this sweep */
+	__u32 seeded;	   /* 1: blocked, never seen: the sweep opened its wait, whose
+			    * stack userspace reads and gives in `wall_seeds` */
 };
 
 /*
@@ -349,17 +410,20 @@ struct rprof_stack_count {
 
 /* Indexes of the per-CPU `stats` array. */
 enum rprof_stat {
-	RPROF_STAT_EVENTS = 0,	  /* events of target threads */
-	RPROF_STAT_LOST,	  /* events whose stack the full ring buffer refused */
-	RPROF_STAT_READ_FAILED,	  /* events whose EC or frames could not be read */
-	RPROF_STAT_TRUNCATED,	  /* events with more than RPROF_MAX_FRAMES frames */
-	RPROF_STAT_NO_EC,	  /* events of threads without a Ruby EC */
-	RPROF_STAT_FOREIGN_EC,	  /* events whose EC belonged to another thread */
-	RPROF_STAT_AGG_FULL,	  /* events sent directly because a counts map was full */
-	RPROF_STAT_VERIFIED,	  /* events whose EC was checked to be this thread's */
-	RPROF_STAT_OTHER_PROCESS, /* events of a process that reused a target's PID */
-	RPROF_STAT_PROCESS_LOST,  /* process events the full ring buffer refused */
-	RPROF_STAT_NOT_PROFILED,  /* events of followed processes without a recipe (yet) */
+	RPROF_STAT_EVENTS = 0,	   /* events of target threads */
+	RPROF_STAT_LOST,	   /* events whose stack the full ring buffer refused */
+	RPROF_STAT_READ_FAILED,	   /* events whose EC or frames could not be read */
+	RPROF_STAT_TRUNCATED,	   /* events with more than RPROF_MAX_FRAMES frames */
+	RPROF_STAT_NO_EC,	   /* events of threads without a Ruby EC */
+	RPROF_STAT_FOREIGN_EC,	   /* events whose EC belonged to another thread */
+	RPROF_STAT_AGG_FULL,	   /* events sent directly because a counts map was full */
+	RPROF_STAT_VERIFIED,	   /* events whose EC was checked to be this thread's */
+	RPROF_STAT_OTHER_PROCESS,  /* events of a process that reused a target's PID */
+	RPROF_STAT_PROCESS_LOST,   /* process events the full ring buffer refused */
+	RPROF_STAT_NOT_PROFILED,   /* events of followed processes without a recipe (yet) */
+	RPROF_STAT_WALL_UNSEEN,	   /* wall: ns of threads off CPU since before rprof saw them */
+	RPROF_STAT_WALL_LOST,	   /* wall: ns a full counts map could not take */
+	RPROF_STAT_WALL_MISSED_IN, /* wall: threads found running that no switch-in showed */
 	/* --native: events whose native stack ended for each enum rprof_native_stop */
 	RPROF_STAT_NATIVE_STOP,
 	RPROF_STAT_MAX = RPROF_STAT_NATIVE_STOP + RPROF_NATIVE_STOP_MAX,

@@ -40,6 +40,8 @@ unsafe impl plain::Plain for types::rprof_unwind_rule {}
 unsafe impl plain::Plain for types::rprof_unwind_file {}
 unsafe impl plain::Plain for types::rprof_space {}
 unsafe impl plain::Plain for types::rprof_thread_pointer {}
+unsafe impl plain::Plain for types::rprof_wall_thread {}
+unsafe impl plain::Plain for types::rprof_wall_task {}
 
 /// One stack record sent by the BPF program.
 #[derive(Debug, Clone)]
@@ -87,6 +89,13 @@ pub struct Stats {
     pub process_lost: u64,
     /// Events of followed processes without a recipe (not Ruby, or not yet).
     pub not_profiled: u64,
+    /// wall: ns of threads off CPU since before rprof saw them (no stack).
+    pub wall_unseen_ns: u64,
+    /// wall: ns a full counts map could not take.
+    pub wall_lost_ns: u64,
+    /// wall: threads found running with no switch-in seen (their wait and
+    /// run split by their CPU time).
+    pub wall_missed_in: u64,
     /// --native: events by why their native stack ended (enum rprof_native_stop).
     pub native_stops: [u64; types::rprof_native_stop::RPROF_NATIVE_STOP_MAX.0 as usize],
 }
@@ -98,6 +107,8 @@ pub struct Options {
     pub native_rows: Option<u32>,
     /// Kernel stacks too (--kernel).
     pub kernel: bool,
+    /// `wall`: samples weigh time, and switches count time off CPU.
+    pub wall: bool,
 }
 
 pub struct Probe {
@@ -106,6 +117,9 @@ pub struct Probe {
     queue: Rc<RefCell<VecDeque<Vec<u8>>>>,
     links: Vec<Link>,
     epoch: u64,
+    /// `wall` is attached: processes added from now on are accounted from
+    /// when they are added.
+    wall_started: bool,
 }
 
 /// Ring buffer size: room for a few hundred deep stacks between two polls.
@@ -180,6 +194,7 @@ impl Probe {
                 .context("the BPF object has no read-only data")?;
             rodata.native_stacks = options.native_rows.is_some();
             rodata.kernel_stacks = options.kernel;
+            rodata.wall_mode = options.wall;
         }
         let skel: &'static RprofSkel<'static> = Box::leak(Box::new(
             open.load()
@@ -201,13 +216,18 @@ impl Probe {
             queue,
             links: Vec::new(),
             epoch: 0,
+            wall_started: false,
         })
     }
 
     /// Starts tracing the threads of process `pid` with this recipe.
     pub fn add_process(&mut self, pid: u32, recipe: &types::rprof_proc) -> Result<()> {
+        let mut recipe = *recipe;
+        if self.wall_started {
+            recipe.wall_since = monotonic_ns();
+        }
         // SAFETY: rprof_proc is Plain.
-        let value = unsafe { plain::as_bytes(recipe) };
+        let value = unsafe { plain::as_bytes(&recipe) };
         self.skel
             .maps
             .procs
@@ -238,27 +258,11 @@ impl Probe {
             .iter_tgid
             .update(&0u32.to_ne_bytes(), &pid.to_ne_bytes(), MapFlags::ANY)
             .context("choosing the process whose threads to list")?;
-        let link = self
-            .skel
-            .progs
-            .thread_pointers
-            .attach_iter_with_opts(IterOpts::None)
-            .context("attaching the task iterator")?;
-        let mut bytes = Vec::new();
-        std::io::Read::read_to_end(
-            &mut Iter::new(&link).context("opening the task iterator")?,
-            &mut bytes,
-        )
-        .context("listing the threads of a process")?;
-        let size = size_of::<types::rprof_thread_pointer>();
-        Ok(bytes
-            .chunks_exact(size)
-            .filter_map(|chunk| {
-                let mut t = types::rprof_thread_pointer::default();
-                plain::copy_from_bytes(&mut t, chunk).ok()?;
-                Some((t.tid, t.tp))
-            })
-            .collect())
+        let threads: Vec<types::rprof_thread_pointer> = run_iter(
+            &self.skel.progs.thread_pointers,
+            "listing the threads of a process",
+        )?;
+        Ok(threads.into_iter().map(|t| (t.tid, t.tp)).collect())
     }
 
     /// Replaces the native thread -> rb_thread_t entries of process `pid`.
@@ -435,6 +439,61 @@ impl Probe {
             return Err(anyhow!("no online CPU accepted a perf event"));
         }
         Ok(())
+    }
+
+    /// `wall`: from now on, each followed thread's time is accounted:
+    /// the processes followed so far from this moment, later ones from when
+    /// they are added. Then every context switch of their threads counts.
+    pub fn attach_wall(&mut self) -> Result<()> {
+        let now = monotonic_ns();
+        self.wall_started = true;
+        let procs = &self.skel.maps.procs;
+        for key in procs.keys() {
+            let Ok(Some(bytes)) = procs.lookup(&key, MapFlags::ANY) else {
+                continue;
+            };
+            let mut recipe = types::rprof_proc::default();
+            if plain::copy_from_bytes(&mut recipe, &bytes).is_ok() && recipe.wall_since == 0 {
+                recipe.wall_since = now;
+                // SAFETY: rprof_proc is Plain.
+                let _ = procs.update(&key, unsafe { plain::as_bytes(&recipe) }, MapFlags::EXIST);
+            }
+        }
+        let progs = &self.skel.progs;
+        for (name, prog) in [
+            ("sched_switch", &progs.on_switch),
+            ("sched_process_exit", &progs.on_thread_exit),
+        ] {
+            let link = prog
+                .attach()
+                .with_context(|| format!("attaching to the {name} tracepoint"))?;
+            self.links.push(link);
+        }
+        Ok(())
+    }
+
+    /// `wall`: counts each followed thread's open wait up to now, and lists
+    /// the threads (`wall_sweep`).
+    pub fn wall_sweep(&self) -> Result<Vec<types::rprof_wall_thread>> {
+        run_iter(&self.skel.progs.wall_sweep, "sweeping the followed threads")
+    }
+
+    /// `wall`: the stack `hash` of thread `tid`'s wait that the sweep
+    /// opened at `mark`, if the wait is still the one opened there (the
+    /// thread has not run since, so the stack read is the one it waits in):
+    /// whether it was given.
+    pub fn seed_wall(&mut self, tid: u32, mark: u64, hash: u64) -> bool {
+        let key = tid.to_ne_bytes();
+        let open = self.skel.maps.wall_tasks.lookup(&key, MapFlags::ANY);
+        let mut task = types::rprof_wall_task::default();
+        let unchanged = matches!(open, Ok(Some(bytes)) if plain::copy_from_bytes(&mut task, &bytes).is_ok() && task.mark == mark);
+        unchanged
+            && self
+                .skel
+                .maps
+                .wall_seeds
+                .update(&key, &hash.to_ne_bytes(), MapFlags::ANY)
+                .is_ok()
     }
 
     /// Traces tracepoint `category:name`; its events carry `cookie` (1-based).
@@ -639,6 +698,9 @@ impl Probe {
             other_process: read(types::rprof_stat::RPROF_STAT_OTHER_PROCESS)?,
             process_lost: read(types::rprof_stat::RPROF_STAT_PROCESS_LOST)?,
             not_profiled: read(types::rprof_stat::RPROF_STAT_NOT_PROFILED)?,
+            wall_unseen_ns: read(types::rprof_stat::RPROF_STAT_WALL_UNSEEN)?,
+            wall_lost_ns: read(types::rprof_stat::RPROF_STAT_WALL_LOST)?,
+            wall_missed_in: read(types::rprof_stat::RPROF_STAT_WALL_MISSED_IN)?,
             native_stops: {
                 let mut stops = [0; types::rprof_native_stop::RPROF_NATIVE_STOP_MAX.0 as usize];
                 for (i, n) in stops.iter_mut().enumerate() {
@@ -732,6 +794,38 @@ fn parse_cpu_list(text: &str) -> Option<Vec<u32>> {
         }
     }
     Some(cpus)
+}
+
+/// Runs a task iterator: the records it writes, each a `T`.
+fn run_iter<T: plain::Plain + Default>(prog: &libbpf_rs::ProgramMut<'_>, what: &str) -> Result<Vec<T>> {
+    let link = prog
+        .attach_iter_with_opts(IterOpts::None)
+        .with_context(|| format!("{what}: attaching the task iterator"))?;
+    let mut bytes = Vec::new();
+    std::io::Read::read_to_end(
+        &mut Iter::new(&link).with_context(|| format!("{what}: opening the task iterator"))?,
+        &mut bytes,
+    )
+    .with_context(|| what.to_string())?;
+    Ok(bytes
+        .chunks_exact(size_of::<T>())
+        .filter_map(|chunk| {
+            let mut t = T::default();
+            plain::copy_from_bytes(&mut t, chunk).ok()?;
+            Some(t)
+        })
+        .collect())
+}
+
+/// CLOCK_MONOTONIC in ns: BPF's `bpf_ktime_get_ns`.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: ts is a valid timespec for the call to fill.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 #[cfg(test)]

@@ -166,6 +166,13 @@ pub enum Event {
         #[arg(last = true, value_name = "COMMAND")]
         command: Vec<String>,
     },
+    /// Every thread's time, on CPU or not, and why it waits: running, the
+    /// GVL, a blocking system call, sleep, a Mutex, a Queue... (on CPU
+    /// sampled at -F; off CPU timed whole at each context switch).
+    Wall {
+        #[arg(last = true, value_name = "COMMAND")]
+        command: Vec<String>,
+    },
 }
 
 #[derive(Debug, Args)]

@@ -63,6 +63,12 @@ fn run(cli: Cli) -> Result<ExitCode> {
                     },
                     command,
                 ),
+                Some(Event::Wall { command }) => (
+                    EventSpec::Wall {
+                        frequency: args.frequency,
+                    },
+                    command,
+                ),
                 Some(Event::Syscall { names, list, command }) => {
                     let known = system::syscall_tracepoints()?;
                     if list {

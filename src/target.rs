@@ -245,7 +245,41 @@ impl RubyTarget {
             native_space: 0,
             frame_flag_finish: l.frame.flag_finish as u32,
             fl_promoted: l.value.fl_promoted,
+            ..wall_recipe(l)
         }
+    }
+}
+
+/// What `wall_reason` in BPF reads of a thread that leaves the CPU.
+fn wall_recipe(l: &Layout) -> types::rprof_proc {
+    let w = &l.waits;
+    let fields = [
+        w.status_byte,
+        w.blocking_region_buffer,
+        w.unblock_func,
+        w.locking_mutex,
+        w.gvl_node,
+        w.gvl_base,
+    ];
+    // BPF copies this much of rb_thread_t at once (512 bytes at most).
+    let read_len = fields.iter().max().map_or(0, |&m| m + 8);
+    types::rprof_proc {
+        th_status_byte: w.status_byte,
+        th_status_shift: u32::from(w.status_shift),
+        th_status_mask: if read_len <= 512 {
+            u32::from(w.status_mask)
+        } else {
+            0
+        },
+        th_blocking_region: w.blocking_region_buffer,
+        th_unblock_func: w.unblock_func,
+        th_locking_mutex: w.locking_mutex,
+        th_gvl_node: w.gvl_node,
+        th_gvl_node_ubf: u32::from(w.gvl_node_shares_ubf),
+        th_gvl_base: w.gvl_base,
+        gvl_holder: w.gvl_holder,
+        th_read_len: read_len.min(512),
+        ..Default::default()
     }
 }
 

@@ -50,6 +50,9 @@ pub enum FrameKind {
     Kernel,
     /// The traced event itself (a system call), at the leaf.
     Event,
+    /// What a thread was doing (`wall`), at the leaf: `[running]`,
+    /// `[waiting for the GVL]`, `[blocked: read]`...
+    State,
     /// Not code: `[truncated]`, `[unknown]`, `[GVL released]`...
     Marker,
 }
@@ -95,6 +98,11 @@ impl Frame {
     }
     pub fn marker(name: impl Into<String>) -> Self {
         Self::named(FrameKind::Marker, name)
+    }
+
+    /// What a thread was doing (`wall`).
+    pub fn state(name: impl Into<String>) -> Self {
+        Self::named(FrameKind::State, name)
     }
     fn named(kind: FrameKind, name: impl Into<String>) -> Self {
         Self {
@@ -302,8 +310,31 @@ fn color_of(frame: &Frame) -> inferno::flamegraph::color::Color {
         FrameKind::Process | FrameKind::Thread => (v(160, 30, 0), v(140, 30, 8), v(200, 30, 16)),
         FrameKind::Event => (v(180, 30, 0), v(80, 30, 8), v(80, 30, 16)),
         FrameKind::Marker => (v(170, 30, 0), v(170, 30, 0), v(170, 30, 0)),
+        FrameKind::State => state_colour(&frame.name),
     };
     inferno::flamegraph::color::Color { r, g, b }
+}
+
+/// A state's colour, one per kind of state, so that the eye finds where
+/// threads wait: running green, GVL red, CPU busy orange, I/O blue, sleeping
+/// grey, locks and queues purple.
+fn state_colour(name: &str) -> (u8, u8, u8) {
+    let is = |p: &str| name.starts_with(p);
+    if is("[running") {
+        (60, 170, 60)
+    } else if is("[waiting for the GVL") || is("[blocked holding the GVL") {
+        (220, 40, 40)
+    } else if is("[runnable") {
+        (240, 150, 30)
+    } else if is("[blocked") {
+        (60, 110, 220)
+    } else if is("[sleeping") {
+        (160, 160, 160)
+    } else if is("[waiting") {
+        (150, 80, 200)
+    } else {
+        (120, 120, 120)
+    }
 }
 
 /// How an SVG is drawn.

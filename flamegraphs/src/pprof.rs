@@ -152,6 +152,13 @@ pub fn write<W: Write>(samples: &Samples, options: &PprofOptions, w: W) -> std::
             };
             (vec![events.clone()], Some(events), 1)
         }
+        Unit::Wall => {
+            let wall = ValueType {
+                r#type: strings.id("wall"),
+                unit: strings.id("nanoseconds"),
+            };
+            (vec![wall.clone()], Some(wall), 1)
+        }
     };
     let mut functions: Vec<Function> = Vec::new();
     let mut function_index: HashMap<(String, Option<&str>), u64> = HashMap::new();
@@ -208,7 +215,7 @@ pub fn write<W: Write>(samples: &Samples, options: &PprofOptions, w: W) -> std::
             .collect();
         let value = match samples.unit {
             Unit::CpuSamples { period_ns } => vec![n as i64, n.saturating_mul(period_ns) as i64],
-            Unit::Events { .. } => vec![n as i64],
+            Unit::Events { .. } | Unit::Wall => vec![n as i64],
         };
         let label = vec![
             Label {

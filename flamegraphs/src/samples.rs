@@ -60,6 +60,9 @@ pub enum Unit {
     CpuSamples { period_ns: u64 },
     /// One traced event (a system call), of the kind named.
     Events { name: String },
+    /// Time of every thread, on CPU or not (`wall`): counts are
+    /// nanoseconds; profiles (folded, SVG, summary) are in microseconds.
+    Wall,
 }
 
 impl Unit {
@@ -68,6 +71,15 @@ impl Unit {
         match self {
             Unit::CpuSamples { .. } => "samples",
             Unit::Events { .. } => "events",
+            Unit::Wall => "µs",
+        }
+    }
+
+    /// Counts per unit of a profile: wall time, in ns, is shown in µs.
+    pub fn per_profile_unit(&self) -> u64 {
+        match self {
+            Unit::Wall => 1000,
+            _ => 1,
         }
     }
 }
@@ -319,7 +331,12 @@ impl Samples {
             *sum = sum.saturating_add(c.count);
         }
         let mut profile = Profile::default();
+        let per = self.unit.per_profile_unit();
         for ((thread, stack), n) in sums {
+            let n = (n + per / 2) / per;
+            if n == 0 {
+                continue;
+            }
             let mut frames = Vec::new();
             if let Some(t) = self.threads.get(thread as usize) {
                 if split.processes {

@@ -68,6 +68,7 @@ pub fn write<W: Write>(samples: &Samples, name: &str, exporter: &str, w: W) -> s
     let (unit, weight) = match samples.unit {
         Unit::CpuSamples { period_ns } => ("nanoseconds", period_ns),
         Unit::Events { .. } => ("none", 1),
+        Unit::Wall => ("nanoseconds", 1),
     };
     for e in samples.epochs() {
         for c in &e.counts {

@@ -254,6 +254,32 @@ pub struct Symbols {
     pub ids: u32,
 }
 
+/// Why a thread waits (`rprof record ... wall`): the `rb_thread_t` fields
+/// Ruby sets when it parks a thread, and where the GVL's holder is.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Waits {
+    /// `status` (`enum rb_thread_status`, a bitfield): `(byte >> shift) & mask`.
+    pub status_byte: u32,
+    pub status_shift: u8,
+    pub status_mask: u8,
+    /// `blocking_region_buffer`: set while the thread runs without the GVL.
+    pub blocking_region_buffer: u32,
+    /// `unblock.func`
+    pub unblock_func: u32,
+    /// `locking_mutex`: the Mutex it waits to lock, or `Qfalse`.
+    pub locking_mutex: u32,
+    /// The list node that queues it for the GVL (its `next` pointer).
+    pub gvl_node: u32,
+    /// 2.7-3.2: that node is a union with the unblock list's, so it means
+    /// "queued" only while `unblock.func` is unset.
+    pub gvl_node_shares_ubf: bool,
+    /// `th->ractor` (3.x) or `th->vm` (2.7): what holds the GVL ...
+    pub gvl_base: u32,
+    /// ... and its holder's `rb_thread_t *` there (`gvl.owner`, or
+    /// `threads.sched.running` from 3.2).
+    pub gvl_holder: u32,
+}
+
 /// Everything rprof knows about one Ruby minor version's memory layout.
 #[derive(Debug, Clone, Deserialize)]
 pub struct Layout {
@@ -272,6 +298,7 @@ pub struct Layout {
     pub class: Class,
     /// Ruby 3.2 only.
     pub shapes: Option<Shapes>,
+    pub waits: Waits,
     pub st_table: StTable,
     pub symbols: Symbols,
     pub gc: Gc,

@@ -36,6 +36,25 @@ fn compare(version: &str, fields: &[(&str, usize, u32)]) -> Vec<String> {
         .collect()
 }
 
+/// Why a thread waits (wall): its status bits, the fields Ruby parks it
+/// with, its GVL queue node, and where the GVL's holder is.
+macro_rules! waits {
+    ($r:ident, $l:ident, base: $base:ident, holder: $hs:ident . $($holder:ident).+, node: $($node:ident).+) => {{
+        let w = &$l.waits;
+        let (status_byte, status_mask) = bit(|t: &mut $r::rb_thread_struct| t.set_status(3));
+        [
+            ("waits.status_byte", status_byte as usize, w.status_byte),
+            ("waits.status_mask", usize::from(status_mask), u32::from(w.status_mask << w.status_shift)),
+            ("waits.blocking_region_buffer", offset_of!($r::rb_thread_struct, blocking_region_buffer), w.blocking_region_buffer),
+            ("waits.unblock_func", offset_of!($r::rb_thread_struct, unblock.func), w.unblock_func),
+            ("waits.locking_mutex", offset_of!($r::rb_thread_struct, locking_mutex), w.locking_mutex),
+            ("waits.gvl_node", offset_of!($r::rb_thread_struct, $($node).+), w.gvl_node),
+            ("waits.gvl_base", offset_of!($r::rb_thread_struct, $base), w.gvl_base),
+            ("waits.gvl_holder", offset_of!($r::$hs, $($holder).+), w.gvl_holder),
+        ]
+    }};
+}
+
 /// What every Ruby from 2.7 has in the same place.
 macro_rules! common {
     ($r:ident, $l:ident) => {
@@ -260,6 +279,7 @@ macro_rules! ruby_2_7 {
                 ("string.embed_ary", offset_of!(r::RString, as_.ary), l.string.embed_ary),
                 ("class.ext_iv_tbl", offset_of!(r::rb_classext_struct, iv_tbl), l.class.ext_iv_tbl.unwrap_or(0)),
             ]);
+            fields.extend(waits!(r, l, base: vm, holder: rb_vm_struct.gvl.owner, node: native_thread_data));
             wrong.extend(compare($v, &fields));
         })*
         wrong
@@ -281,6 +301,7 @@ macro_rules! ruby_3_1 {
                 ("string.heap_ptr", offset_of!(r::RString, as_.heap.ptr), l.string.heap_ptr),
                 ("string.embed_ary", offset_of!(r::RString, as_.embed.ary), l.string.embed_ary),
             ]);
+            fields.extend(waits!(r, l, base: ractor, holder: rb_ractor_struct.threads.gvl.owner, node: native_thread_data));
             wrong.extend(compare($v, &fields));
         })*
         wrong
@@ -314,6 +335,7 @@ macro_rules! ruby_3_2 {
                 ("shapes.type", offset_of!(r::rb_shape, type_), sh.type_),
                 ("shapes.parent_id", offset_of!(r::rb_shape, parent_id), sh.parent_id),
             ]);
+            fields.extend(waits!(r, l, base: ractor, holder: rb_ractor_struct.threads.sched.running, node: sched.node.readyq));
             wrong.extend(compare($v, &fields));
         })*
         wrong
@@ -352,6 +374,7 @@ macro_rules! ruby_3_3_on {
                 ("class.ext_permanent_classpath_byte", path_byte as usize, c.ext_permanent_classpath_byte.unwrap_or(0)),
                 ("class.ext_permanent_classpath_mask", usize::from(path_mask), u32::from(c.ext_permanent_classpath_mask.unwrap_or(0))),
             ]);
+            fields.extend(waits!(r, l, base: ractor, holder: rb_ractor_struct.threads.sched.running, node: sched.node.readyq));
             wrong.extend(compare($v, &fields));
         })*
         wrong

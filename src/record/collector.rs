@@ -18,6 +18,8 @@ use crate::resolve::{self, NativeNames, RubyFrame, Unknown};
 use crate::system;
 use crate::unwind::Unwinder;
 
+use super::wall;
+
 /// Turns BPF's records and counts into a profile.
 pub struct Collector {
     events: Vec<String>,
@@ -178,6 +180,14 @@ impl Collector {
         );
     }
 
+    /// `wall`: the stack of an interval still open, counted in epochs to
+    /// come without its record being sent again: kept named.
+    pub fn keep(&mut self, hash: u64) {
+        if let Some(cached) = self.stacks.get_mut(&hash) {
+            cached.generation = self.generation;
+        }
+    }
+
     /// Adds `n` events of this stack to the epoch open.
     fn count(&mut self, hash: u64, thread: &Rc<ThreadEntry>, stack: &Rc<Vec<Frame>>, n: u64) {
         self.current
@@ -296,7 +306,18 @@ impl Collector {
         if s.frames.is_empty() && s.native.is_empty() && !stack.iter().any(|f| f.kind == FrameKind::Marker) {
             stack.push(Frame::marker(recording::NO_RUBY_FRAMES));
         }
-        if h.event > 0 {
+        if h.wall_state != 0 {
+            // The method it waits in: a C method, or one of Ruby's own
+            // (3.3's Queue#pop is written in Ruby, `<internal:thread_sync>`).
+            let leaf = ruby.first().and_then(|r| r.frame.as_ref()).filter(|f| {
+                f.kind == FrameKind::CMethod || f.file.as_deref().is_some_and(|p| p.starts_with("<internal:"))
+            });
+            stack.push(Frame::state(wall::state_label(
+                h.wall_state,
+                h.wall_syscall,
+                leaf.map(|f| f.name.as_str()),
+            )));
+        } else if h.event > 0 {
             let name = self
                 .events
                 .get(h.event as usize - 1)
@@ -407,6 +428,9 @@ impl Collector {
         self.retry(last, processes);
         for (hash, n) in counts {
             match self.stacks.get_mut(&hash) {
+                // `wall`: a wait that has just begun (counted when it ends).
+                Some(cached) if n == 0 => cached.generation = self.generation,
+                None if n == 0 => {}
                 Some(cached) => {
                     cached.generation = self.generation;
                     if cached.unknown {

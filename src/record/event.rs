@@ -8,8 +8,12 @@ use anyhow::Result;
 
 use crate::bpf::Probe;
 use crate::error::UserError;
+use crate::processes::Processes;
 use crate::recording::Event;
 use crate::system;
+
+use super::collector::Collector;
+use super::wall;
 
 /// Highest sampling frequency accepted.
 const MAX_FREQUENCY: u64 = 100_000;
@@ -20,20 +24,27 @@ pub enum EventSpec {
     },
     /// Tracepoints of the `syscalls` group, by their tracefs name (`sys_enter_getpid`).
     Syscalls(Vec<String>),
+    /// Every thread's time: on CPU, sampled at `frequency`; off CPU, each
+    /// interval counted whole at the context switches, with its reason.
+    Wall {
+        frequency: u64,
+    },
 }
 
 impl EventSpec {
     /// Refuses what cannot be recorded, before anything is loaded.
     pub fn check(&self) -> Result<()> {
         match self {
-            EventSpec::Cpu { frequency } if *frequency == 0 || *frequency > MAX_FREQUENCY => {
+            EventSpec::Cpu { frequency } | EventSpec::Wall { frequency }
+                if *frequency == 0 || *frequency > MAX_FREQUENCY =>
+            {
                 Err(UserError::BadFrequency {
                     given: *frequency,
                     max: MAX_FREQUENCY,
                 }
                 .into())
             }
-            EventSpec::Cpu { .. } => Ok(()),
+            EventSpec::Cpu { .. } | EventSpec::Wall { .. } => Ok(()),
             EventSpec::Syscalls(_) => system::tracefs().map(|_| ()).map_err(Into::into),
         }
     }
@@ -42,6 +53,7 @@ impl EventSpec {
     pub fn names(&self) -> Vec<String> {
         match self {
             EventSpec::Cpu { .. } => vec!["cpu".to_string()],
+            EventSpec::Wall { .. } => vec!["wall".to_string()],
             EventSpec::Syscalls(names) => names.clone(),
         }
     }
@@ -53,12 +65,21 @@ impl EventSpec {
                 frequency: *frequency,
             },
             EventSpec::Syscalls(names) => Event::Syscalls(names.clone()),
+            EventSpec::Wall { frequency } => Event::Wall {
+                frequency: *frequency,
+            },
         }
     }
 
     pub fn attach(&self, probe: &mut Probe) -> Result<()> {
         match self {
             EventSpec::Cpu { frequency } => probe.attach_cpu_clock(*frequency),
+            // The switches first: a thread's first sample then finds when it
+            // was first seen.
+            EventSpec::Wall { frequency } => {
+                probe.attach_wall()?;
+                probe.attach_cpu_clock(*frequency)
+            }
             EventSpec::Syscalls(names) => names
                 .iter()
                 .enumerate()
@@ -70,7 +91,28 @@ impl EventSpec {
     pub fn describe(&self) -> String {
         match self {
             EventSpec::Cpu { frequency } => format!("sampling at {frequency} Hz"),
+            EventSpec::Wall { frequency } => {
+                format!("timing every thread, on CPU or not (on CPU sampled at {frequency} Hz)")
+            }
             EventSpec::Syscalls(names) => format!("tracing {}", names.join(", ")),
+        }
+    }
+
+    pub fn is_wall(&self) -> bool {
+        matches!(self, EventSpec::Wall { .. })
+    }
+
+    /// Before each epoch closes: `wall` counts the waits still open up to
+    /// now, and seeds threads it has not seen.
+    pub fn epoch_ends(
+        &self,
+        probe: &mut Probe,
+        processes: &mut Processes,
+        collector: &mut Collector,
+    ) -> Result<()> {
+        match self {
+            EventSpec::Wall { .. } => wall::sweep(probe, processes, collector),
+            _ => Ok(()),
         }
     }
 
@@ -78,7 +120,9 @@ impl EventSpec {
     /// reading by.
     pub fn period(&self) -> Duration {
         match self {
-            EventSpec::Cpu { frequency } => Duration::from_secs(1) / (*frequency).max(1) as u32,
+            EventSpec::Cpu { frequency } | EventSpec::Wall { frequency } => {
+                Duration::from_secs(1) / (*frequency).max(1) as u32
+            }
             // Traced events come whenever the target makes them, not at ticks.
             EventSpec::Syscalls(_) => Duration::from_millis(2),
         }

@@ -8,6 +8,7 @@ mod progress;
 mod roots;
 mod sinks;
 mod summary;
+mod wall;
 
 use std::path::PathBuf;
 use std::process::{Child, ExitStatus};
@@ -17,6 +18,7 @@ use anyhow::Result;
 
 use crate::bpf::{self, Probe};
 use crate::cli::Format;
+use crate::error::UserError;
 use crate::launch::StopSignals;
 use crate::pace::{Every, Pace};
 use crate::processes::Processes;
@@ -80,6 +82,9 @@ pub fn record(cfg: RecordConfig) -> Result<Option<ExitStatus>> {
     system::check_privileges()?;
     system::check_btf()?;
     cfg.event.check()?;
+    if cfg.event.is_wall() && (cfg.native || cfg.kernel) {
+        return Err(UserError::WallNative.into());
+    }
     let format = output_format(&cfg)?;
 
     let native_rows = cfg.native.then(|| {
@@ -92,6 +97,7 @@ pub fn record(cfg: RecordConfig) -> Result<Option<ExitStatus>> {
     let mut probe = Probe::load(bpf::Options {
         native_rows,
         kernel: cfg.kernel,
+        wall: cfg.event.is_wall(),
     })?;
     let signals = StopSignals::install()?;
     let unwinder = native_rows.map(Unwinder::new);
@@ -127,6 +133,8 @@ pub fn record(cfg: RecordConfig) -> Result<Option<ExitStatus>> {
     let output = output_path(&cfg, format, first_pid, header.started_ns);
     let sinks = open_sinks(&cfg, &header, format, &output, first_pid)?;
     cfg.event.attach(&mut probe)?;
+    // `wall`: the threads blocked since before now, seeded at once.
+    cfg.event.epoch_ends(&mut probe, &mut processes, &mut collector)?;
 
     announce(&cfg, &roots);
 
@@ -134,7 +142,7 @@ pub fn record(cfg: RecordConfig) -> Result<Option<ExitStatus>> {
     let mut session = Session {
         cfg: &cfg,
         progress: Progress::new(cfg.quiet),
-        unit: header.event.unit().count_name(),
+        unit: header.event.events_name(),
         probe,
         processes,
         collector,
@@ -242,6 +250,9 @@ impl Session<'_> {
 
     /// Closes the epoch open: its counts go to the sinks.
     fn close_epoch(&mut self) -> Result<()> {
+        self.cfg
+            .event
+            .epoch_ends(&mut self.probe, &mut self.processes, &mut self.collector)?;
         let now = self.started.elapsed();
         let counts = self
             .collector
@@ -281,6 +292,13 @@ impl Session<'_> {
         self.probe.detach();
         // What was recorded: a starved rprof may take a while to name the rest.
         let recorded = self.started.elapsed();
+        let ended = self
+            .cfg
+            .event
+            .epoch_ends(&mut self.probe, &mut self.processes, &mut self.collector);
+        if let Err(e) = ended {
+            error.get_or_insert(e);
+        }
         let last = self
             .collector
             .close_epoch(&mut self.probe, &mut self.processes, true, recorded)

@@ -60,6 +60,24 @@ pub fn print_summary(
             why.join(", ")
         ));
     }
+    if stats.wall_unseen_ns > 0 {
+        notes.push(format!(
+            "{:.1} ms of threads off CPU since before rprof saw them, not shown",
+            stats.wall_unseen_ns as f64 / 1e6
+        ));
+    }
+    if stats.wall_missed_in > 0 {
+        notes.push(format!(
+            "{} switches to a thread the kernel did not report (split by the thread's CPU time)",
+            stats.wall_missed_in
+        ));
+    }
+    if stats.wall_lost_ns > 0 {
+        notes.push(format!(
+            "{:.1} ms lost to a full counts map",
+            stats.wall_lost_ns as f64 / 1e6
+        ));
+    }
     if stats.no_ec > 0 {
         notes.push(format!("{} in threads running no Ruby", stats.no_ec));
     }

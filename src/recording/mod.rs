@@ -40,9 +40,22 @@ pub enum Event {
     },
     /// Syscall tracepoints (`sys_enter_getpid`).
     Syscalls(Vec<String>),
+    /// Every thread's time, on CPU (sampled at `frequency`) or not.
+    Wall {
+        frequency: u64,
+    },
 }
 
 impl Event {
+    /// What BPF's events are called in the live and last lines.
+    pub fn events_name(&self) -> &'static str {
+        match self {
+            Event::Cpu { .. } => "samples",
+            Event::Syscalls(_) => "events",
+            Event::Wall { .. } => "samples and switches",
+        }
+    }
+
     pub fn unit(&self) -> Unit {
         match self {
             Event::Cpu { frequency } => Unit::CpuSamples {
@@ -51,6 +64,7 @@ impl Event {
             Event::Syscalls(_) => Unit::Events {
                 name: "syscalls".to_string(),
             },
+            Event::Wall { .. } => Unit::Wall,
         }
     }
 }
@@ -59,6 +73,7 @@ impl std::fmt::Display for Event {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Event::Cpu { frequency } => write!(f, "cpu at {frequency} Hz"),
+            Event::Wall { frequency } => write!(f, "wall, on CPU at {frequency} Hz"),
             Event::Syscalls(names) => {
                 let names: Vec<&str> = names
                     .iter()
@@ -306,15 +321,16 @@ fn render(r: &Recording, format: Format, opts: &RenderOptions, w: &mut dyn Write
     };
     let count_name = r.samples.unit.count_name().to_string();
     let title = format!("rprof: {}, {}", r.header.target, r.header.event);
+    let total = match r.samples.unit {
+        Unit::Wall => format!("{:.2} s of thread time", r.samples.total() as f64 / 1e9),
+        _ => format!("{} {count_name}", r.samples.total()),
+    };
     let counts = match &r.summary {
         Some(s) => format!(
-            "{} {count_name}, {} lost, {} failed, {} with [unknown] frames",
-            r.samples.total(),
-            s.lost,
-            s.failed,
-            s.unknown
+            "{total}, {} lost, {} failed, {} with [unknown] frames",
+            s.lost, s.failed, s.unknown
         ),
-        None => format!("{} {count_name} (the recording was cut short)", r.samples.total()),
+        None => format!("{total} (the recording was cut short)"),
     };
     match format {
         Format::Svg | Format::Flame => {

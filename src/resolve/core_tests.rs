@@ -1,13 +1,12 @@
 //! The resolver on real memory of Rubies this machine cannot run: crates.io's
 //! `rbspy-testdata` ships core dumps of running Rubies (x86-64 3.1.0,
 //! 3.3.0, 3.4.5, 4.0.0; ARM 3.2.0). Each core's main thread is walked as BPF
-//! walks a live one (`walk` below mirrors `walk_frame`, `frame_method_entry` and
-//! `prepare_frame` in bpf/rprof.bpf.c), and the resolver names the frames
+//! walks a live one (`walk.rs`, which mirrors `walk_frame`, `frame_method_entry`
+//! and `prepare_frame` in bpf/rprof.bpf.c), and the resolver names the frames
 //! with the layout rprof picks for that Ruby. The stacks asserted are what
 //! Ruby 3.4's backtraces print for those programs: labels as Ruby 3.4 makes
 //! them, lines as the programs' sources (in rbspy's repository) have them.
-//! (rbspy's own tests of these cores expect lines one past each call.) A
-//! change to BPF's walk must be made to `walk` too.
+//! (rbspy's own tests of these cores expect lines one past each call.)
 
 use std::mem::offset_of;
 use std::rc::Rc;
@@ -25,8 +24,6 @@ use crate::gc_time::{Reading, SampleTime};
 use crate::target::GlobalSymbols;
 
 const PAGE: u64 = 4096;
-/// Env levels followed for a block's method entry (`RPROF_ENV_CHAIN_MAX`).
-const ENV_CHAIN_MAX: usize = 8;
 
 /// A core dump: memory that never changes.
 struct Core(rbspy_testdata::CoreDump);
@@ -67,87 +64,6 @@ struct Dump {
 /// An x86-64 core: rprof's layout as it is.
 fn x86_64(_: &mut Layout) {}
 
-/// The main thread's frames, leaf first, as BPF sends them.
-fn walk(space: &dyn AddressSpace, l: &Layout, ec: u64) -> Vec<types::rprof_frame> {
-    let e = &l.execution_context;
-    let c = &l.control_frame;
-    let word = |at: u64| space.read_u64(at).expect("the core holds it");
-    let vm_stack = word(ec + u64::from(e.vm_stack));
-    // The base frame is a dummy, left out as BPF does.
-    let end = vm_stack + 8 * word(ec + u64::from(e.vm_stack_size)) - u64::from(c.size);
-    let mut frames = Vec::new();
-    let mut cfp = word(ec + u64::from(e.cfp));
-    while cfp < end {
-        let (pc, iseq, ep) = (
-            word(cfp + u64::from(c.pc)),
-            word(cfp + u64::from(c.iseq)),
-            word(cfp + u64::from(c.ep)),
-        );
-        let jit = c.jit_return.is_some_and(|j| word(cfp + u64::from(j)) != 0);
-        cfp += u64::from(c.size);
-        let env = |ep: u64| [word(ep - 16), word(ep - 8), word(ep)];
-        let mut f = types::rprof_frame::default();
-        if iseq != 0 {
-            let [_, _, flags] = env(ep);
-            f.iseq = iseq;
-            f.pc = pc;
-            f.cme = method_entry(space, l, ep);
-            if flags & l.frame.flag_finish != 0 {
-                f.flags |= types::rprof_frame_flags::RPROF_FRAME_FINISH.0;
-            }
-            if jit {
-                f.flags |= types::rprof_frame_flags::RPROF_FRAME_JIT.0;
-            }
-        } else {
-            let [me, _, flags] = env(ep);
-            if flags & l.frame.magic_mask != l.frame.magic_cfunc {
-                continue;
-            }
-            f.cme = me;
-        }
-        frames.push(prepare(space, l, f));
-    }
-    frames
-}
-
-/// `frame_method_entry`: the local env's method entry, or a block's that
-/// runs as a method.
-fn method_entry(space: &dyn AddressSpace, l: &Layout, mut ep: u64) -> u64 {
-    for _ in 0..ENV_CHAIN_MAX {
-        let word = |at: u64| space.read_u64(at).unwrap_or(0);
-        let (me, specval, flags) = (word(ep - 16), word(ep - 8), word(ep));
-        if flags & l.frame.env_flag_local != 0 {
-            return me;
-        }
-        if me != 0 && me & 7 == 0 && imemo(l, word(me)) == Some(l.imemo.type_ment) {
-            return me;
-        }
-        ep = specval & !3;
-        if ep == 0 {
-            return 0;
-        }
-    }
-    0
-}
-
-/// `prepare_frame`: an svar gives way to the method entry it holds, and a
-/// block written in C is flagged.
-fn prepare(space: &dyn AddressSpace, l: &Layout, mut f: types::rprof_frame) -> types::rprof_frame {
-    let flags = |v: u64| space.read_u64(v).unwrap_or(0);
-    if f.iseq != 0 && imemo(l, flags(f.cme)) == Some(l.imemo.type_svar) {
-        f.cme = flags(f.cme + u64::from(l.imemo.svar_cref_or_me));
-    }
-    if imemo(l, flags(f.iseq)) == Some(l.imemo.type_ifunc) {
-        f.flags |= types::rprof_frame_flags::RPROF_FRAME_IFUNC.0;
-    }
-    f
-}
-
-/// The imemo type of an object with these flags, if it is an imemo.
-fn imemo(l: &Layout, flags: u64) -> Option<u64> {
-    (flags & l.value.type_mask == l.value.t_imemo).then(|| (flags >> l.imemo.type_shift) & l.imemo.type_mask)
-}
-
 /// The memory of `dump` read with rprof's layout for its Ruby, and its main
 /// thread's frames as BPF sends them.
 fn open(dump: &Dump) -> (Memory, Vec<types::rprof_frame>) {
@@ -158,7 +74,7 @@ fn open(dump: &Dump) -> (Memory, Vec<types::rprof_frame>) {
     let vm = word(dump.vm_ptr);
     let th = word(vm + dump.main_thread as u64);
     let ec = word(th + u64::from(layout.thread.ec));
-    let frames = walk(&*space, &layout, ec);
+    let frames = super::walk::frames(&*space, &layout, ec).expect("the core holds the frames");
     let memory = Memory::new(space, layout, GlobalSymbols::at(dump.global_symbols)).with_vm_ptr(dump.vm_ptr);
     (memory, frames)
 }

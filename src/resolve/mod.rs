@@ -16,6 +16,7 @@ mod facts;
 pub mod memory;
 mod native;
 mod stitch;
+pub mod walk;
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;

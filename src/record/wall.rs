@@ -1,0 +1,221 @@
+//! `wall`: where every followed thread's time goes, on CPU or not. BPF
+//! counts each thread's intervals exactly (`on_switch`, and CPU samples
+//! weighted by the time since the thread's last mark); once an epoch
+//! userspace runs `wall_sweep`, which counts open waits up to now and lists
+//! the threads. A thread BPF has never seen switch is blocked since before
+//! rprof looked (or runs since then): the sweep opens its interval, and a
+//! blocked one's stack is read here, from userspace, which is safe because a
+//! blocked thread's stack cannot change until it runs; it is given to BPF
+//! only if the thread has not run since the sweep opened its wait.
+
+use std::collections::hash_map::DefaultHasher;
+use std::hash::{Hash, Hasher};
+
+use anyhow::Result;
+
+use crate::address_space::AddressSpace;
+use crate::bpf::{types, Probe, Record, Sample};
+use crate::gc_time;
+use crate::processes::Processes;
+use crate::resolve::walk;
+use crate::target::{EcAccess, RubyTarget};
+
+use super::collector::Collector;
+
+use types::rprof_wall_state as S;
+
+/// Attempts at reading a thread's stack between two equal GC clock readings.
+const GC_TRIES: usize = 5;
+
+/// Once an epoch and at the end: counts every open wait up to now, keeps
+/// the stacks of open intervals named, and seeds the threads BPF has not seen.
+pub fn sweep(probe: &mut Probe, processes: &mut Processes, collector: &mut Collector) -> Result<()> {
+    for t in probe.wall_sweep()? {
+        if t.seen != 0 {
+            collector.keep(t.hash);
+        }
+        if t.seeded == 0 {
+            continue;
+        }
+        let Some(sample) = processes
+            .get(t.pid, t.start_ticks)
+            .and_then(|f| f.ruby.as_ref())
+            .and_then(|ruby| blocked_stack(&ruby.target, &t))
+        else {
+            continue;
+        };
+        // Given only if the thread has not run since the sweep opened its
+        // wait: then it was blocked all along, and the stack read is the
+        // one it waits in.
+        if probe.seed_wall(t.tid, t.seed_mark, sample.header.hash) {
+            collector.on_record(Record::Sample(sample), processes, probe)?;
+        }
+    }
+    Ok(())
+}
+
+/// The record BPF would have sent when `t`, blocked, switched out: its
+/// stack, read between two equal readings of the GC clock, and why it waits.
+fn blocked_stack(target: &RubyTarget, t: &types::rprof_wall_thread) -> Option<Sample> {
+    let space: &dyn AddressSpace = &target.process;
+    let clock = target.gc?;
+    let mut header = types::rprof_sample_header {
+        kind: types::rprof_record_kind::RPROF_RECORD_SAMPLE.0,
+        pid: t.pid,
+        start_ticks: t.start_ticks,
+        tid: t.tid,
+        wall_syscall: t.syscall as i32,
+        weight: 0,
+        ..Default::default()
+    };
+    let comm = std::fs::read_to_string(format!("/proc/{}/task/{}/comm", t.pid, t.tid)).unwrap_or_default();
+    for (i, b) in comm.trim_end().bytes().take(15).enumerate() {
+        header.comm[i] = b as _;
+    }
+    let Some(ec) = ec_of(target, t.tp) else {
+        header.flags |= types::rprof_sample_flags::RPROF_SAMPLE_NO_EC.0;
+        header.wall_state = S::RPROF_WALL_OFF_CPU.0;
+        return Some(finish(header, Vec::new()));
+    };
+    for _ in 0..GC_TRIES {
+        let before = clock.read(space)?;
+        let frames = walk::frames(space, &target.layout, ec);
+        let th = space
+            .read_u64(ec + u64::from(target.layout.execution_context.thread_ptr))
+            .ok();
+        let after = clock.read(space)?;
+        let Some(time) = gc_time::bracket(before, after) else {
+            continue;
+        };
+        let Some(frames) = frames else {
+            header.flags |= types::rprof_sample_flags::RPROF_SAMPLE_READ_FAILED.0;
+            header.wall_state = S::RPROF_WALL_OFF_CPU.0;
+            return Some(finish(header, Vec::new()));
+        };
+        header.gc_time = time.0;
+        header.nframes = frames.len() as u32;
+        header.wall_state = th.map_or(S::RPROF_WALL_OFF_CPU.0, |th| reason(target, th));
+        return Some(finish(header, frames));
+    }
+    None
+}
+
+/// The EC of the thread whose thread pointer is `tp`, as BPF finds it; None
+/// for a thread without one.
+fn ec_of(target: &RubyTarget, tp: u64) -> Option<u64> {
+    let space: &dyn AddressSpace = &target.process;
+    let at = match target.ec_access {
+        // The GVL holder's: not this thread's unless it holds the GVL.
+        EcAccess::Global { .. } => return None,
+        EcAccess::ThreadMap { .. } => {
+            let threads = target.ruby_threads().ok()?;
+            let th = threads.iter().find(|&&(p, _)| p == tp)?.1;
+            th + u64::from(target.layout.thread.ec)
+        }
+        EcAccess::TlsTpOffset { offset } => tp.wrapping_add(offset as u64),
+        EcAccess::TlsDtv { module, offset } => {
+            let dtv = space.read_u64(tp + 8).ok()?;
+            let block = space.read_u64(dtv + module * 16).ok()?;
+            if block == 0 || block == u64::MAX {
+                return None;
+            }
+            block + offset
+        }
+    };
+    space.read_u64(at).ok().filter(|&ec| ec != 0)
+}
+
+/// Why the blocked thread `th` waits: `wall_reason` in bpf/rprof.bpf.c.
+fn reason(target: &RubyTarget, th: u64) -> u32 {
+    let space: &dyn AddressSpace = &target.process;
+    let w = &target.layout.waits;
+    let word = |at: u64| space.read_u64(at).ok();
+    let field = |off: u32| word(th + u64::from(off));
+    let Some(base) = field(w.gvl_base) else {
+        return S::RPROF_WALL_OFF_CPU.0;
+    };
+    if base != 0 && word(base + u64::from(w.gvl_holder)) == Some(th) {
+        return S::RPROF_WALL_GVL_HELD.0;
+    }
+    let (Some(next), Some(ubf), Some(brb), Some(mutex)) = (
+        field(w.gvl_node),
+        field(w.unblock_func),
+        field(w.blocking_region_buffer),
+        field(w.locking_mutex),
+    ) else {
+        return S::RPROF_WALL_OFF_CPU.0;
+    };
+    let mut status = [0u8];
+    if space.read(th + u64::from(w.status_byte), &mut status).is_err() {
+        return S::RPROF_WALL_OFF_CPU.0;
+    }
+    let status = (status[0] >> w.status_shift) & w.status_mask;
+    let node = th + u64::from(w.gvl_node);
+    if next != 0 && next != node && !(w.gvl_node_shares_ubf && ubf != 0) {
+        return S::RPROF_WALL_GVL.0;
+    }
+    if brb != 0 {
+        return S::RPROF_WALL_BLOCKED.0;
+    }
+    match status {
+        0 => S::RPROF_WALL_GVL.0,
+        1 => S::RPROF_WALL_SLEEP.0,
+        2 if mutex != 0 => S::RPROF_WALL_MUTEX.0,
+        2 => S::RPROF_WALL_WAIT.0,
+        _ => S::RPROF_WALL_OFF_CPU.0,
+    }
+}
+
+/// The record, with a hash of everything in it (as BPF's covers).
+fn finish(mut header: types::rprof_sample_header, frames: Vec<types::rprof_frame>) -> Sample {
+    let mut h = DefaultHasher::new();
+    let hd = &header;
+    (
+        hd.pid,
+        hd.start_ticks,
+        hd.tid,
+        hd.flags,
+        hd.gc_time,
+        hd.wall_state,
+        hd.wall_syscall,
+    )
+        .hash(&mut h);
+    for f in &frames {
+        (f.iseq, f.pc, f.cme, f.flags).hash(&mut h);
+    }
+    header.hash = h.finish();
+    Sample {
+        header,
+        frames,
+        native: Vec::new(),
+        kernel: Vec::new(),
+    }
+}
+
+/// The leaf frame that says what a thread was doing; `leaf` is the name of
+/// its leaf Ruby frame (the C method it waits in).
+pub fn state_label(state: u32, syscall: i32, leaf: Option<&str>) -> String {
+    let call = || syscall_name(syscall);
+    match types::rprof_wall_state(state) {
+        S::RPROF_WALL_RUNNING => "[running]".to_string(),
+        S::RPROF_WALL_RUNNABLE => "[runnable: CPU busy]".to_string(),
+        S::RPROF_WALL_GVL => "[waiting for the GVL]".to_string(),
+        S::RPROF_WALL_BLOCKED => format!("[blocked: {}]", call()),
+        S::RPROF_WALL_SLEEP => "[sleeping]".to_string(),
+        S::RPROF_WALL_MUTEX => "[waiting: Mutex#lock]".to_string(),
+        S::RPROF_WALL_WAIT => match leaf {
+            Some(method) => format!("[waiting: {}]", method.strip_prefix("Thread::").unwrap_or(method)),
+            None => "[waiting]".to_string(),
+        },
+        S::RPROF_WALL_GVL_HELD => format!("[blocked holding the GVL: {}]", call()),
+        _ => format!("[off CPU: {}]", call()),
+    }
+}
+
+/// A system call's name (x86-64 numbers), or "no system call".
+fn syscall_name(nr: i32) -> String {
+    if nr < 0 {
+        return "no system call".to_string();
+    }
+    syscalls::Sysno::new(nr as usize).map_or_else(|| format!("system call {nr}"), |s| s.name().to_string())
+}

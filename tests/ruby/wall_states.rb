@@ -1,0 +1,66 @@
+# Threads parked in known states, for `rprof record ... wall`: two threads
+# on CPU (sharing the GVL), one asleep, one reading a pipe nobody writes,
+# one waiting for a Mutex another thread holds, one in Queue#pop, and the
+# main thread in Thread#join. Each waits in a method named for its state.
+def spin
+  x = 0
+  loop { x += 1 }
+end
+
+def nap
+  sleep
+end
+
+def read_pipe(r)
+  r.read(1)
+end
+
+def hold(lock, held)
+  lock.synchronize do
+    held << 1
+    sleep
+  end
+end
+
+def lock_mutex(lock)
+  lock.synchronize { nil }
+end
+
+def pop_queue(q)
+  q.pop
+end
+
+def join_all(threads)
+  threads.each(&:join)
+end
+
+r, _w = IO.pipe
+lock = Mutex.new
+held = Queue.new
+queue = Queue.new
+named = Queue.new
+start = lambda do |name, &body|
+  Thread.new do
+    Thread.current.name = name
+    named << 1
+    body.call
+  end
+end
+threads = [
+  start.call("cpu1") { spin },
+  start.call("cpu2") { spin },
+  start.call("sleeper") { nap },
+  start.call("reader") { read_pipe(r) },
+  start.call("holder") { hold(lock, held) }
+]
+threads.size.times { named.pop }
+held.pop
+threads << start.call("locker") { lock_mutex(lock) }
+threads << start.call("popper") { pop_queue(queue) }
+2.times { named.pop }
+tid = ->(t) { t.respond_to?(:native_thread_id) ? t.native_thread_id : "?" }
+# Until the locker and popper are parked, ready is not said.
+sleep 0.01 until threads.last(2).all? { |t| t.status == "sleep" }
+$stdout.puts "ready " + threads.map { |t| "#{t.name}=#{tid[t]}" }.join(" ") + " main=#{tid[Thread.main]}"
+$stdout.flush
+join_all(threads)

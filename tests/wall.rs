@@ -1,0 +1,295 @@
+//! `rprof record ... wall`: every thread's time, on CPU or not, with the
+//! reason it waits read from the thread's own memory, on every Ruby.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpListener;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::{label, record, Busy, Folded, Ruby, Target};
+
+/// Seconds recorded.
+const SECONDS: f64 = 3.0;
+
+/// Whether a leaf frame is a state looked for.
+type IsState = dyn Fn(&str) -> bool;
+
+/// Microseconds of `f` (a thread's stacks) whose leaf is `state`.
+fn in_state(f: &Folded, state: impl Fn(&str) -> bool) -> u64 {
+    f.stacks
+        .iter()
+        .filter(|(s, _)| s.last().is_some_and(|l| state(l)))
+        .map(|(_, n)| n)
+        .sum()
+}
+
+/// Share of `f`'s time in `state` (leaf frame), in percent.
+fn share(f: &Folded, state: impl Fn(&str) -> bool) -> f64 {
+    100.0 * in_state(f, state) as f64 / f.total().max(1) as f64
+}
+
+/// The stacks of thread `name` of wall_states.rb: by its thread id, or on
+/// Ruby 2.7 (no `Thread#native_thread_id`) by its name, which Ruby gives the
+/// native thread too.
+fn thread(run: &Folded, target: &common::Target, name: &str) -> Folded {
+    match target.get(name) {
+        "?" => {
+            let prefix = format!("{} [", if name == "main" { "ruby" } else { name });
+            Folded {
+                stacks: run
+                    .stacks
+                    .iter()
+                    .filter(|(s, _)| s[0].starts_with(&prefix))
+                    .cloned()
+                    .collect(),
+            }
+        }
+        tid => run.of_thread(tid),
+    }
+}
+
+/// wall_states.rb on `ruby`: each parked thread waits in its state under its
+/// own method, the two spinning threads share the GVL, and every thread's
+/// time adds up to the recording's.
+fn parked_threads(ruby: &Ruby, busy: bool) {
+    let target = ruby.spawn("wall_states.rb", &[]);
+    let _busy = busy.then(Busy::start);
+    let seconds = SECONDS.to_string();
+    let run = record(target.pid, &["-d", &seconds, "wall"]);
+    assert!(run.success, "Ruby {}: {}", ruby.name, run.stderr);
+    let report = |what: &str, f: &Folded| {
+        let lines: Vec<String> = f
+            .stacks
+            .iter()
+            .map(|(s, n)| format!("{n} {}", s.join(";")))
+            .collect();
+        format!("Ruby {}: {what}:\n{}", ruby.name, lines.join("\n"))
+    };
+    let threads = [
+        "cpu1", "cpu2", "sleeper", "reader", "holder", "locker", "popper", "main",
+    ];
+    let totals: Vec<f64> = threads
+        .iter()
+        .map(|n| thread(&run.folded, &target, n).total() as f64 / 1e6)
+        .collect();
+    eprintln!("Ruby {} totals (s): {totals:.3?}", ruby.name);
+    for name in threads {
+        let f = thread(&run.folded, &target, name);
+        // Each thread was alive the whole recording: its time is the
+        // recording's, on CPU or not (within 5%: rprof's start and end).
+        let total = f.total() as f64 / 1e6;
+        assert!(
+            (total - SECONDS).abs() <= 0.05 * SECONDS,
+            "{} (total {total:.3} s)",
+            report(name, &f)
+        );
+    }
+    // Each parked thread: 95% or more in its state, under its own method.
+    let parked: [(&str, &str, &IsState); 6] = [
+        ("sleeper", "Object#nap", &|l| l == "[sleeping]"),
+        ("holder", "Object#hold", &|l| l == "[sleeping]"),
+        ("reader", "Object#read_pipe", &|l| {
+            ["[blocked: read]", "[blocked: poll]", "[blocked: ppoll]"].contains(&l)
+        }),
+        ("locker", "Object#lock_mutex", &|l| l == "[waiting: Mutex#lock]"),
+        ("popper", "Object#pop_queue", &|l| l == "[waiting: Queue#pop]"),
+        ("main", "Object#join_all", &|l| l == "[waiting: Thread#join]"),
+    ];
+    for (name, method, state) in parked {
+        let f = thread(&run.folded, &target, name);
+        let under = f
+            .stacks
+            .iter()
+            .filter(|(s, _)| s.last().is_some_and(|l| state(l)) && s.iter().any(|fr| label(fr) == method));
+        let n: u64 = under.map(|(_, n)| n).sum();
+        let pct = 100.0 * n as f64 / f.total().max(1) as f64;
+        assert!(
+            pct >= 95.0,
+            "{} ({pct:.1}% in its state under {method})",
+            report(name, &f)
+        );
+    }
+    // The two spinning threads take turns with the GVL: each holds it about
+    // half the time and waits for it the other half. Holding is running, or
+    // ready while the kernel runs something else: on a busy machine (another
+    // test's burners, CI's neighbours) a third of it can be the latter.
+    // Measured: 47-53% holding, 47-53% GVL, idle and with burners (see the
+    // closing note of issue 20).
+    for name in ["cpu1", "cpu2"] {
+        let f = thread(&run.folded, &target, name);
+        let holding = share(&f, |l| l == "[running]" || l == "[runnable: CPU busy]");
+        let gvl = share(&f, |l| l == "[waiting for the GVL]");
+        assert!(
+            (40.0..=60.0).contains(&holding) && (40.0..=60.0).contains(&gvl),
+            "{} (holding {holding:.1}%, waiting for the GVL {gvl:.1}%)",
+            report(name, &f)
+        );
+        let running = share(&f, |l| l == "[running]");
+        assert!(running > 0.0, "{} (never running)", report(name, &f));
+        eprintln!(
+            "Ruby {} {name}: holding {holding:.1}% (running {running:.1}%), GVL {gvl:.1}%",
+            ruby.name
+        );
+    }
+}
+
+#[test]
+fn parked_threads_ruby_2_7() {
+    parked_threads(&Ruby::named("2.7"), false);
+}
+
+#[test]
+fn parked_threads_ruby_3_1() {
+    parked_threads(&Ruby::host(), false);
+}
+
+#[test]
+fn parked_threads_ruby_3_1_static() {
+    parked_threads(&Ruby::named("3.1-static"), false);
+}
+
+#[test]
+fn parked_threads_ruby_3_3() {
+    parked_threads(&Ruby::named("3.3"), false);
+}
+
+#[test]
+fn parked_threads_ruby_3_3_yjit() {
+    parked_threads(&Ruby::named("3.3-yjit"), false);
+}
+
+#[test]
+fn parked_threads_ruby_3_4() {
+    parked_threads(&Ruby::named("3.4"), false);
+}
+
+/// Every CPU busy: the spinning threads are preempted while they hold the
+/// GVL (`[runnable: CPU busy]`), and the parked ones still wait where they do.
+#[test]
+fn parked_threads_on_a_busy_machine() {
+    parked_threads(&Ruby::host(), true);
+}
+
+/// A backend that answers each connection's byte with one, `delay` later.
+fn slow_backend(delay: Duration) -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("a backend port");
+    let port = listener.local_addr().expect("its address").port();
+    std::thread::spawn(move || {
+        for mut conn in listener.incoming().map_while(Result::ok) {
+            std::thread::spawn(move || {
+                let mut b = [0u8];
+                if conn.read_exact(&mut b).is_ok() {
+                    std::thread::sleep(delay);
+                    let _ = conn.write_all(&b);
+                }
+            });
+        }
+    });
+    port
+}
+
+/// Debian's puma in single mode, one thread, serving wall_app.ru.
+fn puma(backend: u16) -> (Target, u16) {
+    let port = TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let scripts = common::scripts_dir();
+    let mut server = Target::start(
+        Command::new("puma")
+            .arg("-C")
+            .arg(scripts.join("puma_single.rb"))
+            .arg(scripts.join("wall_app.ru"))
+            .env("PORT", port.to_string())
+            .env("BACKEND_PORT", backend.to_string())
+            .env("RACK_ENV", "none"),
+    );
+    server.wait_line("* Listening", Duration::from_secs(60));
+    (server, port)
+}
+
+/// The handler burns 30 ms of CPU, then waits 70 ms (`path`: on the backend,
+/// or asleep), one request at a time (wrk, one connection): of the handler's
+/// time running vs in its wait, 30/70 within 5 points, and the wait is under
+/// the method that waits. (Time ready to run but not running, on a busy
+/// machine, is neither: the 30 ms are of CPU time.)
+fn handler_shares(path: &str, waits: &str, in_wait: &IsState, busy: bool) {
+    let backend = slow_backend(Duration::from_millis(70));
+    let (server, port) = puma(backend);
+    let mut wrk = Command::new("wrk")
+        .args(["-t", "1", "-c", "1", "-d", "6s"])
+        .arg(format!("http://127.0.0.1:{port}{path}"))
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("start wrk (apt-get install wrk)");
+    std::thread::sleep(Duration::from_secs(1)); // the first requests
+    let _busy = busy.then(Busy::start);
+    let run = record(server.pid, &["-d", "3", "wall"]);
+    let _ = wrk.wait();
+    assert!(run.success, "{}", run.stderr);
+    let handler = Folded {
+        stacks: run
+            .folded
+            .stacks
+            .iter()
+            .filter(|(s, _)| s.iter().any(|f| label(f) == "WallApp#call"))
+            .cloned()
+            .collect(),
+    };
+    let on_cpu = in_state(&handler, |l| l == "[running]");
+    let waiting: u64 = handler
+        .stacks
+        .iter()
+        .filter(|(s, _)| s.last().is_some_and(|l| in_wait(l)) && s.iter().any(|f| label(f) == waits))
+        .map(|(_, n)| n)
+        .sum();
+    let share = 100.0 * on_cpu as f64 / (on_cpu + waiting).max(1) as f64;
+    let lines: Vec<String> = handler
+        .stacks
+        .iter()
+        .map(|(s, n)| format!("{n} {}", s.join(";")))
+        .collect();
+    eprintln!(
+        "{path}: running {share:.1}% of {:.3} s",
+        (on_cpu + waiting) as f64 / 1e6
+    );
+    // Requests in the 3 s: each is 30 ms running and 70 ms waiting, so a few
+    // give the share. Measured 2.9-3.0 s of them idle, 1.1-1.8 s with every
+    // CPU busy (wrk and Puma get less of it); at least 5 are asked.
+    assert!(
+        (on_cpu + waiting) as f64 / 1e6 >= 0.5 && (25.0..=35.0).contains(&share),
+        "{path}: running {share:.1}% of the handler's time (30% expected):\n{}",
+        lines.join("\n")
+    );
+}
+
+#[test]
+fn a_puma_handler_waiting_on_a_backend() {
+    handler_shares(
+        "/backend",
+        "WallApp#fetch",
+        &|l| {
+            [
+                "[blocked: read]",
+                "[blocked: poll]",
+                "[blocked: ppoll]",
+                "[blocked: recvfrom]",
+            ]
+            .contains(&l)
+        },
+        false,
+    );
+}
+
+#[test]
+fn a_puma_handler_sleeping() {
+    handler_shares("/sleep", "WallApp#nap", &|l| l == "[sleeping]", false);
+}
+
+/// Every CPU busy besides: the handler is often ready but not running.
+#[test]
+fn a_puma_handler_on_a_busy_machine() {
+    handler_shares("/sleep", "WallApp#nap", &|l| l == "[sleeping]", true);
+}
