@@ -196,6 +196,13 @@ impl Probe {
             rodata.kernel_stacks = options.kernel;
             rodata.wall_mode = options.wall;
         }
+        // The wall programs only for `wall`: verifying the switch program
+        // (it walks a stack) takes the kernel about a second and a half.
+        if !options.wall {
+            open.progs.on_switch.set_autoload(false);
+            open.progs.on_thread_exit.set_autoload(false);
+            open.progs.wall_sweep.set_autoload(false);
+        }
         let skel: &'static RprofSkel<'static> = Box::leak(Box::new(
             open.load()
                 .context("loading the BPF program into the kernel (RPROF_DEBUG=1 shows libbpf's log)")?,

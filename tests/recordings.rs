@@ -267,24 +267,6 @@ fn report_cuts_a_time_window_a_process_or_a_thread() {
     assert!(String::from_utf8_lossy(&bad.stderr).contains("\"soon\" is not a duration"));
 }
 
-/// `go tool pprof ARGS FILE`, which must succeed; its output.
-fn go_pprof(file: &Path, args: &[&str]) -> String {
-    let out = Command::new("go")
-        .args(["tool", "pprof"])
-        .args(args)
-        .arg(file)
-        .env("HOME", std::env::temp_dir())
-        .output()
-        .expect("go tool pprof (Debian's golang-go; make test installs it)");
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "go tool pprof failed: {text}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    text
-}
-
 /// `-top` rows: function name -> flat share in percent.
 fn pprof_flat_shares(top: &str) -> BTreeMap<String, f64> {
     let mut rows = BTreeMap::new();

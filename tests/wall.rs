@@ -8,7 +8,7 @@ use std::net::TcpListener;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{label, record, Busy, Folded, Ruby, Target};
+use common::{go_pprof, label, record, Busy, Folded, Ruby, Target};
 
 /// Seconds recorded.
 const SECONDS: f64 = 3.0;
@@ -190,23 +190,23 @@ fn slow_backend(delay: Duration) -> u16 {
     port
 }
 
-/// Debian's puma in single mode, one thread, serving wall_app.ru.
-fn puma(backend: u16) -> (Target, u16) {
+/// Debian's puma with `config` (from tests/ruby) serving wall_app.ru, its
+/// handler's backend on port `backend`, once its master said "ready".
+fn puma(config: &str, backend: u16) -> (Target, u16) {
     let port = TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("a free port")
         .port();
     let scripts = common::scripts_dir();
-    let mut server = Target::start(
+    let server = Target::start(
         Command::new("puma")
             .arg("-C")
-            .arg(scripts.join("puma_single.rb"))
+            .arg(scripts.join(config))
             .arg(scripts.join("wall_app.ru"))
             .env("PORT", port.to_string())
             .env("BACKEND_PORT", backend.to_string())
             .env("RACK_ENV", "none"),
     );
-    server.wait_line("* Listening", Duration::from_secs(60));
     (server, port)
 }
 
@@ -217,7 +217,8 @@ fn puma(backend: u16) -> (Target, u16) {
 /// machine, is neither: the 30 ms are of CPU time.)
 fn handler_shares(path: &str, waits: &str, in_wait: &IsState, busy: bool) {
     let backend = slow_backend(Duration::from_millis(70));
-    let (server, port) = puma(backend);
+    let (mut server, port) = puma("puma_single.rb", backend);
+    server.wait_line("* Listening", Duration::from_secs(60));
     let mut wrk = Command::new("wrk")
         .args(["-t", "1", "-c", "1", "-d", "6s"])
         .arg(format!("http://127.0.0.1:{port}{path}"))
@@ -292,4 +293,120 @@ fn a_puma_handler_sleeping() {
 #[test]
 fn a_puma_handler_on_a_busy_machine() {
     handler_shares("/sleep", "WallApp#nap", &|l| l == "[sleeping]", true);
+}
+
+/// pprof: a `wall` sample type in nanoseconds whose total is every thread's
+/// time, and a `state` label on each sample.
+#[test]
+fn wall_in_pprof() {
+    let target = Ruby::host().spawn("wall_states.rb", &[]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pb = dir.path().join("wall.pb.gz");
+    let pid = target.pid.to_string();
+    let out = common::rprof(&[
+        "record",
+        "-p",
+        &pid,
+        "-d",
+        "2",
+        "-o",
+        pb.to_str().expect("utf8"),
+        "wall",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let raw = go_pprof(&pb, &["-raw"]);
+    assert!(raw.contains("wall/nanoseconds"), "{raw}");
+    let tags = go_pprof(&pb, &["-tags"]);
+    for state in [
+        "[sleeping]",
+        "[waiting: Queue#pop]",
+        "[waiting for the GVL]",
+        "[running]",
+    ] {
+        assert!(tags.contains(state), "no state {state} among the labels: {tags}");
+    }
+    // Eight threads alive for the whole 2 s.
+    let total: f64 = raw
+        .lines()
+        .skip_while(|l| !l.starts_with("Samples:"))
+        .skip(2)
+        .take_while(|l| !l.starts_with("Locations"))
+        .filter_map(|l| {
+            l.split_whitespace()
+                .next()?
+                .strip_suffix(':')?
+                .parse::<f64>()
+                .ok()
+        })
+        .sum();
+    assert!(
+        (total / 1e9 - 16.0).abs() <= 0.05 * 16.0,
+        "{total} ns in all: {raw}"
+    );
+}
+
+/// A Puma cluster (2 workers, 2 threads each) recorded from its master with
+/// --subprocesses, under no load: every thread of every worker is there, the
+/// idle ones too, each for the whole recording.
+#[test]
+fn every_thread_of_an_idle_puma_cluster() {
+    let (mut server, _) = puma("puma.rb", 1);
+    let workers: Vec<String> = (0..2)
+        .map(|_| server.wait_line("worker ", Duration::from_secs(60))["worker ".len()..].to_string())
+        .collect();
+    let run = record(server.pid, &["--subprocesses", "--processes", "-d", "3", "wall"]);
+    assert!(run.success, "{}", run.stderr);
+    for worker in &workers {
+        let mut threads: std::collections::BTreeMap<&str, u64> = Default::default();
+        for (stack, n) in &run.folded.stacks {
+            if common::process_of(stack) == Some(worker.as_str()) {
+                let thread = stack
+                    .iter()
+                    .find(|f| !f.starts_with("process "))
+                    .expect("a thread frame");
+                *threads.entry(thread.as_str()).or_default() += n;
+            }
+        }
+        eprintln!("worker {worker}: {threads:?}");
+        assert!(
+            threads.len() >= 3,
+            "worker {worker}: threads {threads:?}: {}",
+            run.stderr
+        );
+        for (thread, us) in &threads {
+            let s = *us as f64 / 1e6;
+            assert!(
+                (s - 3.0).abs() <= 0.05 * 3.0,
+                "worker {worker}: thread {thread}: {s:.3} s"
+            );
+        }
+    }
+}
+
+/// 1,000 threads asleep since before rprof started: every one is read once
+/// from userspace and shown asleep in its method for the whole recording.
+#[test]
+fn a_thousand_idle_threads() {
+    let target = Ruby::host().spawn("many_threads.rb", &["1000"]);
+    let run = record(target.pid, &["-d", "3", "wall"]);
+    assert!(run.success, "{}", run.stderr);
+    let mut threads: std::collections::BTreeMap<&str, (u64, u64)> = Default::default();
+    for (stack, n) in &run.folded.stacks {
+        let t = threads.entry(stack[0].as_str()).or_default();
+        t.0 += n;
+        if stack.last().is_some_and(|l| l == "[sleeping]") && stack.iter().any(|f| label(f) == "Object#idle")
+        {
+            t.1 += n;
+        }
+    }
+    let asleep = threads
+        .values()
+        .filter(|(total, idle)| (*total as f64 / 1e6 - 3.0).abs() <= 0.15 && *idle * 100 >= total * 99)
+        .count();
+    assert!(
+        asleep >= 1000,
+        "{asleep} of {} threads asleep for 3 s in Object#idle: {}",
+        threads.len(),
+        run.stderr
+    );
 }

@@ -199,25 +199,28 @@ pub fn write<W: Write>(samples: &Samples, options: &PprofOptions, w: W) -> std::
     }
     let mut sums: Vec<_> = sums.into_iter().collect();
     sums.sort();
-    let (pid, tid, thread_name) = (
+    let (pid, tid, thread_name, state) = (
         strings.id("pid"),
         strings.id("thread id"),
         strings.id("thread name"),
+        strings.id("state"),
     );
     let mut out = Vec::with_capacity(sums.len());
     for ((thread, stack), n) in sums {
         let t = &samples.threads()[thread as usize];
         let p = &samples.processes()[t.process as usize];
-        let location_id = samples.stacks()[stack as usize]
-            .iter()
-            .rev()
-            .map(|&f| f as u64 + 1)
-            .collect();
+        let frames = &samples.stacks()[stack as usize];
+        let location_id = frames.iter().rev().map(|&f| f as u64 + 1).collect();
         let value = match samples.unit {
             Unit::CpuSamples { period_ns } => vec![n as i64, n.saturating_mul(period_ns) as i64],
             Unit::Events { .. } | Unit::Wall => vec![n as i64],
         };
-        let label = vec![
+        // `wall`: what the thread was doing, its stack's leaf, as a label too.
+        let leaf_state = frames
+            .last()
+            .map(|&f| &samples.frames()[f as usize])
+            .filter(|f| f.kind == FrameKind::State);
+        let mut label = vec![
             Label {
                 key: pid,
                 str: 0,
@@ -234,6 +237,13 @@ pub fn write<W: Write>(samples: &Samples, options: &PprofOptions, w: W) -> std::
                 num: 0,
             },
         ];
+        if let Some(f) = leaf_state {
+            label.push(Label {
+                key: state,
+                str: strings.id(&f.name),
+                num: 0,
+            });
+        }
         out.push(Sample {
             location_id,
             value,

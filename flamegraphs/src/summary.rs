@@ -2,7 +2,7 @@
 //! by self share (where the samples landed) and total share (what ran under
 //! them): what one reads over ssh before opening a flame graph.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::{self, Write};
 
 use crate::{Frame, FrameKind, Profile};
@@ -117,7 +117,83 @@ pub fn write<W: Write>(profile: &Profile, options: &SummaryOptions, mut w: W) ->
             rows.len() - options.limit
         )?;
     }
-    writeln!(w, "{total} {} in all", options.count_name)
+    writeln!(w, "{total} {} in all", options.count_name)?;
+    write_states(profile, options, &mut w)
+}
+
+/// Stacks kept per state in the summary.
+const STACKS_PER_STATE: usize = 3;
+/// Frames of each such stack shown, from its leaf.
+const FRAMES_PER_STACK: usize = 4;
+
+/// `wall`: each thread's time by state (its stacks' leaf frame), then the
+/// stacks that take the most of each state. Nothing for other events.
+fn write_states<W: Write>(profile: &Profile, options: &SummaryOptions, w: &mut W) -> io::Result<()> {
+    let mut by_thread: BTreeMap<String, HashMap<String, u64>> = BTreeMap::new();
+    let mut by_state: BTreeMap<String, HashMap<String, u64>> = BTreeMap::new();
+    for (frames, n) in profile.stacks() {
+        let Some(state) = frames.last().filter(|f| f.kind == FrameKind::State) else {
+            continue;
+        };
+        let owner: Vec<String> = frames
+            .iter()
+            .filter(|f| matches!(f.kind, FrameKind::Process | FrameKind::Thread))
+            .map(|f| f.to_string())
+            .collect();
+        let owner = if owner.is_empty() {
+            "all threads".to_string()
+        } else {
+            owner.join(" / ")
+        };
+        *by_thread
+            .entry(owner)
+            .or_default()
+            .entry(state.name.clone())
+            .or_default() += n;
+        let code: Vec<String> = frames
+            .iter()
+            .rev()
+            .skip(1)
+            .filter(|f| !matches!(f.kind, FrameKind::Process | FrameKind::Thread))
+            .take(FRAMES_PER_STACK)
+            .map(|f| f.to_string_without_location())
+            .collect();
+        *by_state
+            .entry(state.name.clone())
+            .or_default()
+            .entry(code.join(" < "))
+            .or_default() += n;
+    }
+    if by_thread.is_empty() {
+        return Ok(());
+    }
+    let unit = &options.count_name;
+    writeln!(w, "\nTime by thread and state ({unit}):")?;
+    for (owner, states) in &by_thread {
+        let all: u64 = states.values().sum();
+        let mut states: Vec<(&String, &u64)> = states.iter().collect();
+        states.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+        let shown: Vec<String> = states
+            .iter()
+            .map(|(s, n)| format!("{s} {n} ({:.1}%)", 100.0 * **n as f64 / all.max(1) as f64))
+            .collect();
+        writeln!(w, "  {owner}: {}", shown.join(", "))?;
+    }
+    writeln!(w, "\nTop stacks per state ({unit}; leaf first):")?;
+    for (state, stacks) in &by_state {
+        let all: u64 = stacks.values().sum();
+        writeln!(w, "  {state}: {all}")?;
+        let mut stacks: Vec<(&String, &u64)> = stacks.iter().collect();
+        stacks.sort_by(|a, b| b.1.cmp(a.1).then(a.0.cmp(b.0)));
+        for (stack, n) in stacks.into_iter().take(STACKS_PER_STATE) {
+            writeln!(
+                w,
+                "    {n:>12}  {}",
+                if stack.is_empty() { "(no frames)" } else { stack }
+            )?;
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -167,5 +243,42 @@ mod tests {
         assert!(text.contains(" 75.00%     3  75.00%     3  b (x.rb)"), "{text}");
         assert!(text.contains("(1 more rows)"), "{text}");
         assert!(text.ends_with("4 samples in all\n"), "{text}");
+    }
+
+    #[test]
+    fn wall_time_by_thread_and_state() {
+        let mut p = Profile::default();
+        let main = Frame::code("main", "x.rb", 1);
+        let pop = Frame::cmethod("Thread::Queue#pop");
+        p.add(
+            &[Frame::thread("a [1]"), main.clone(), Frame::state("[running]")],
+            30,
+        );
+        p.add(
+            &[
+                Frame::thread("a [1]"),
+                main.clone(),
+                pop,
+                Frame::state("[waiting: Queue#pop]"),
+            ],
+            70,
+        );
+        p.add(&[Frame::thread("b [2]"), main, Frame::state("[sleeping]")], 100);
+        let opts = SummaryOptions {
+            by_line: false,
+            limit: 10,
+            title: "t".into(),
+            count_name: "µs".into(),
+        };
+        let mut out = Vec::new();
+        write(&p, &opts, &mut out).expect("write");
+        let text = String::from_utf8(out).expect("utf8");
+        assert!(
+            text.contains("a [1]: [waiting: Queue#pop] 70 (70.0%), [running] 30 (30.0%)"),
+            "{text}"
+        );
+        assert!(text.contains("b [2]: [sleeping] 100 (100.0%)"), "{text}");
+        assert!(text.contains("[waiting: Queue#pop]: 70\n"), "{text}");
+        assert!(text.contains("70  Thread::Queue#pop < main"), "{text}");
     }
 }

@@ -350,8 +350,13 @@ fn render(r: &Recording, format: Format, opts: &RenderOptions, w: &mut dyn Write
                 title: format!("{title}: {counts}"),
                 count_name,
             };
-            let profile = r.samples.profile(&Split::default());
-            flamegraphs::summary::write(&profile, &opts, w)?;
+            // `wall`: with thread frames, for its time by thread and state
+            // (the function rows leave them out).
+            let split = Split {
+                threads: r.samples.unit == Unit::Wall,
+                ..Split::default()
+            };
+            flamegraphs::summary::write(&r.samples.profile(&split), &opts, w)?;
         }
         Format::Speedscope => {
             let exporter = format!("rprof {}", env!("CARGO_PKG_VERSION"));

@@ -711,3 +711,21 @@ impl Attached {
         }
     }
 }
+
+/// `go tool pprof ARGS FILE`, which must succeed; its output.
+pub fn go_pprof(file: &Path, args: &[&str]) -> String {
+    let out = Command::new("go")
+        .args(["tool", "pprof"])
+        .args(args)
+        .arg(file)
+        .env("HOME", std::env::temp_dir())
+        .output()
+        .expect("go tool pprof (Debian's golang-go; make test installs it)");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "go tool pprof failed: {text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text
+}
