@@ -1155,11 +1155,6 @@ static __always_inline struct rprof_proc *recipe_of(struct task_struct *task)
 	return p && start_ticks(task->group_leader) == p->start_ticks ? p : 0;
 }
 
-/* wall: `prev` leaves the CPU (this runs in its context, so its memory is
- * the current one). Its time on CPU since its last mark counts to the stack
- * it leaves in; the interval off CPU starts, with the same stack and the
- * reason its rb_thread_t gives, and counts when it switches in again (or
- * when userspace sweeps). One walk per switch-out. */
 /* wall_out's two counts from one walk: [0] the time on CPU that ends, [1]
  * the wait that begins (weight 0, its record now). One callback, so the
  * verifier checks the counting once, not twice. */
@@ -1192,6 +1187,11 @@ static long wall_count(__u32 i, struct wall_counts *c)
 	return 0;
 }
 
+/* wall: `prev` leaves the CPU (this runs in its context, so its memory is
+ * the current one). Its time on CPU since its last mark counts to the stack
+ * it leaves in; the interval off CPU starts, with the same stack and the
+ * reason its rb_thread_t gives, and counts when it switches in again (or
+ * when userspace sweeps). One walk per switch-out. */
 static __always_inline void wall_out(struct task_struct *prev, bool runnable, __u64 now)
 {
 	__u32 tgid = prev->tgid, tid = prev->pid, slot;

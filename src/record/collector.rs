@@ -145,7 +145,8 @@ impl Collector {
         if s.has(types::rprof_sample_flags::RPROF_SAMPLE_DIRECT) {
             self.count_unknown(&unknown);
             self.unknown_samples += u64::from(!unknown.is_empty());
-            self.count(hash, &thread, &Rc::new(stack), 1);
+            // One event: a CPU sample or a syscall (1), or `wall` time (ns).
+            self.count(hash, &thread, &Rc::new(stack), s.header.weight);
             return;
         }
         // The same hash means the same frames at the same GC time, so the same
