@@ -1315,7 +1315,6 @@ int wall_sweep(struct bpf_iter__task *ctx)
 	out.pid = tgid;
 	out.tid = tid;
 	out.start_ticks = p->start_ticks;
-	out.wall_since = p->wall_since;
 	out.tp = BPF_CORE_READ(task, thread.fsbase);
 	out.syscall = syscall_of(task);
 	e = bpf_map_lookup_elem(&wall_tasks, &tid);

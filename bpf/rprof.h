@@ -387,7 +387,6 @@ struct rprof_wall_thread {
 	__u32 pid;
 	__u32 tid;
 	__u64 start_ticks; /* of the process */
-	__u64 wall_since;  /* its recipe's */
 	__u64 tp;	   /* thread pointer */
 	__u64 hash;	   /* its open interval's stack, if `seen` */
 	__s64 syscall;	   /* orig_ax: the system call it is in, or -1 */

@@ -317,11 +317,16 @@ impl Probe {
     /// Starts reporting forks, execs and exits of followed processes.
     pub fn attach_process_tracking(&mut self) -> Result<()> {
         let progs = &self.skel.progs;
-        for (name, prog) in [
+        self.attach_all(&[
             ("sched_process_fork", &progs.on_fork),
             ("sched_process_exec", &progs.on_exec),
             ("sched_process_exit", &progs.on_exit),
-        ] {
+        ])
+    }
+
+    /// Attaches BTF tracepoint programs, each named for its tracepoint.
+    fn attach_all(&mut self, progs: &[(&str, &libbpf_rs::ProgramMut<'static>)]) -> Result<()> {
+        for (name, prog) in progs {
             let link = prog
                 .attach()
                 .with_context(|| format!("attaching to the {name} tracepoint"))?;
@@ -467,16 +472,10 @@ impl Probe {
             }
         }
         let progs = &self.skel.progs;
-        for (name, prog) in [
+        self.attach_all(&[
             ("sched_switch", &progs.on_switch),
             ("sched_process_exit", &progs.on_thread_exit),
-        ] {
-            let link = prog
-                .attach()
-                .with_context(|| format!("attaching to the {name} tracepoint"))?;
-            self.links.push(link);
-        }
-        Ok(())
+        ])
     }
 
     /// `wall`: counts each followed thread's open wait up to now, and lists
