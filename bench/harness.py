@@ -125,14 +125,16 @@ class BpfStats:
 
     @staticmethod
     def by_program(pid):
-        """{program name: (nanoseconds, runs)} of `pid`'s BPF programs (names from bpftool)."""
+        """{program name: (nanoseconds, runs)} of `pid`'s BPF programs (names
+        from one `bpftool prog show`: Debian 12's cannot show some programs
+        by id, iterators and tracing programs)."""
+        shown = subprocess.run(["bpftool", "prog", "show", "--json"], capture_output=True, text=True)
+        names = {str(p["id"]): p.get("name", "") for p in json.loads(shown.stdout or "[]")}
         out = {}
         for info in BpfStats._programs(pid):
-            shown = subprocess.run(["bpftool", "prog", "show", "id", info["prog_id"], "--json"],
-                                   capture_output=True, text=True)
-            if shown.returncode != 0:
-                continue  # Debian 12's bpftool cannot show every program (iterators)
-            name = json.loads(shown.stdout)["name"]
+            name = names.get(info["prog_id"])
+            if name is None:
+                continue
             ns, runs = out.get(name, (0, 0))
             out[name] = (ns + int(info.get("run_time_ns", "0")), runs + int(info.get("run_cnt", "0")))
         return out

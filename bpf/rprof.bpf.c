@@ -35,6 +35,10 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 #define NATIVE_BYTES (RPROF_MAX_NATIVE * sizeof(struct rprof_native_frame))
 #define KERNEL_BYTES (RPROF_MAX_KERNEL * sizeof(__u64))
 
+/* include/linux/sched.h: set as a task starts to exit, before
+ * sched_process_exit (which forgets its interval). */
+#define PF_EXITING 0x00000004
+
 struct scratch {
 	struct rprof_sample_header hdr;
 	__u8 body[RUBY_BYTES + NATIVE_BYTES + KERNEL_BYTES]; /* must follow hdr directly */
@@ -137,6 +141,8 @@ struct rprof_native_frame rprof_native_frame_type;
 struct rprof_thread_pointer rprof_thread_pointer_type;
 struct rprof_wall_task rprof_wall_task_type;
 struct rprof_wall_thread rprof_wall_thread_type;
+struct rprof_wall_slot rprof_wall_slot_type;
+struct rprof_wall_seed rprof_wall_seed_type;
 enum rprof_wall_state rprof_wall_state_type;
 enum rprof_cfa_kind rprof_cfa_kind_type;
 enum rprof_rbp_kind rprof_rbp_kind_type;
@@ -537,8 +543,10 @@ static __always_inline long emit(struct scratch *s)
 		     (__u64)s->hdr.nnative * sizeof(struct rprof_native_frame) +
 		     (__u64)s->hdr.nkernel * sizeof(__u64);
 
-	/* Only records carry the thread's name: most events are just counted. */
-	bpf_get_current_comm(s->hdr.comm, sizeof(s->hdr.comm));
+	/* Only records carry the thread's name: most events are just counted.
+	 * (A record of another task than the current one has its name.) */
+	if (!s->hdr.comm[0])
+		bpf_get_current_comm(s->hdr.comm, sizeof(s->hdr.comm));
 	if (size > sizeof(s->hdr) + sizeof(s->body))
 		return -1;
 	asm volatile("" : "+r"(size));
@@ -729,6 +737,7 @@ static __always_inline void begin(struct scratch *s, struct rprof_proc *p, __u32
 	s->hdr.wall_state = 0;
 	s->hdr.wall_syscall = -1;
 	s->hdr.weight = 1;
+	s->hdr.comm[0] = 0;
 }
 
 /* The Ruby stack of `task`, the current task: its frames into the record,
@@ -764,6 +773,8 @@ struct {
 	__uint(max_entries, 65536);
 	__type(key, __u32);
 	__type(value, struct rprof_wall_task);
+	/* Allocated as threads are seen: preallocated, it would take 11 MiB. */
+	__uint(map_flags, BPF_F_NO_PREALLOC);
 } wall_tasks SEC(".maps");
 
 #define ON_CPU 1ULL
@@ -771,27 +782,27 @@ struct {
  * one the compiler reloads after another CPU changed it. */
 #define READ_MARK(e) (*(volatile __u64 *)&(e)->mark)
 
-/* wall: the stacks userspace read of threads the sweep found blocked (key:
- * tid), taken by their open interval (whose hash is 0 until then). */
+/* wall: the stacks userspace read of waits the sweep found with none (key:
+ * tid), for the wait that began at the seed's mark. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 65536);
 	__type(key, __u32);
-	__type(value, __u64);
+	__type(value, struct rprof_wall_seed);
 } wall_seeds SEC(".maps");
 
-/* wall: the stack a wait the sweep opened counts to, once userspace has
- * read it; 0 before. */
-static __always_inline __u64 seeded_hash(struct rprof_wall_task *e, __u32 tid)
+/* wall: the stack the wait that began at `mark` counts to: known, or given
+ * by userspace for this very wait; 0 if neither yet. */
+static __always_inline __u64 seeded_hash(struct rprof_wall_task *e, __u32 tid, __u64 mark)
 {
-	__u64 *seed;
+	struct rprof_wall_seed *seed;
 
 	if (e->hash)
 		return e->hash;
 	seed = bpf_map_lookup_elem(&wall_seeds, &tid);
-	if (!seed)
+	if (!seed || seed->mark != mark)
 		return 0;
-	e->hash = *seed;
+	e->hash = seed->hash;
 	return e->hash;
 }
 
@@ -820,37 +831,64 @@ static __always_inline void add_time(__u64 hash, __u64 ns)
 		stat_add(RPROF_STAT_WALL_LOST, ns);
 }
 
+/* wall: the thread's slot for time of kind `key`, taken if it has none
+ * yet; 0 if all are taken (its time is then walked every time). */
+static __always_inline struct rprof_wall_slot *slot_of(struct rprof_wall_task *e, __u32 key)
+{
+	int i;
+
+	for (i = 0; i < RPROF_WALL_SLOTS; i++) {
+		struct rprof_wall_slot *sl = &e->slots[i];
+
+		if (sl->key == key)
+			return sl;
+		if (!sl->key) {
+			sl->hash = 0;
+			sl->key = key;
+			return sl;
+		}
+	}
+	return 0;
+}
+
 /* wall: the thread runs, but its mark says it waits: the kernel ran it
- * with no sched_switch to it (seen here: a task whose own switches are not
+ * with no switch-in rprof saw (seen here: a task whose own switches are not
  * traced, a host agent, handed the CPU back). When its wait ended is not
  * known, but its CPU time since the mark says how much of the interval it
  * ran: that is returned, to count as running, and the rest counts to the
- * wait, so that its time still adds up. */
+ * wait (pending in its slot: the stack has changed since), so that its time
+ * still adds up. */
 static __always_inline __u64 missed_switch_in(struct rprof_wall_task *e, __u32 tid,
 					      struct task_struct *task, __u64 mark, __u64 now)
 {
 	__u64 total = (mark >> 1) < now ? now - (mark >> 1) : 0;
 	__u64 ran = task->se.sum_exec_runtime - e->exec, hash;
+	struct rprof_wall_slot *sl = 0;
 
 	if (ran > total)
 		ran = total;
 	stat_inc(RPROF_STAT_WALL_MISSED_IN);
-	hash = seeded_hash(e, tid);
+	hash = seeded_hash(e, tid, mark);
+	if (!hash && e->state)
+		sl = slot_of(e, RPROF_WALL_KEY(e->state, e->syscall));
 	if (hash)
 		add_time(hash, total - ran);
+	else if (sl)
+		__sync_fetch_and_add(&sl->pending, total - ran);
 	else
 		stat_add(RPROF_STAT_WALL_UNSEEN, total - ran);
 	return ran;
 }
 
 /* wall: a CPU sample weighs the time on CPU since the thread's last mark
- * (its switch-in, or its previous sample), so running time adds up
- * exactly, each slice to the stack it ended in. */
+ * (its switch-in, or its previous sample), and the running time its
+ * switch-outs left pending. So running time adds up exactly. */
 static __always_inline __u64 wall_sample_weight(struct rprof_proc *p, __u32 tid,
 						struct task_struct *task)
 {
+	struct rprof_wall_slot *run;
 	struct rprof_wall_task *e = bpf_map_lookup_elem(&wall_tasks, &tid), fresh = {};
-	__u64 now = bpf_ktime_get_ns(), since;
+	__u64 now = bpf_ktime_get_ns(), since, weight;
 
 	if (!e) {
 		/* Running since before rprof saw it switch: since it was followed. */
@@ -861,9 +899,25 @@ static __always_inline __u64 wall_sample_weight(struct rprof_proc *p, __u32 tid,
 	}
 	since = __sync_lock_test_and_set(&e->mark, (now << 1) | ON_CPU);
 	if (!(since & ON_CPU))
-		return missed_switch_in(e, tid, task, since, now);
-	since >>= 1;
-	return since < now ? now - since : 0;
+		weight = missed_switch_in(e, tid, task, since, now);
+	else
+		weight = (since >> 1) < now ? now - (since >> 1) : 0;
+	run = slot_of(e, RPROF_WALL_KEY(RPROF_WALL_RUNNING, -1));
+	if (run)
+		weight += __sync_lock_test_and_set(&run->pending, 0);
+	return weight;
+}
+
+/* wall: the sample's stack is its thread's running slot's now. (Looked up
+ * again after the walk: a slot pointer kept across it would have the
+ * verifier check the walk once per slot.) */
+static __always_inline void wall_sampled(__u32 tid, __u64 hash)
+{
+	struct rprof_wall_task *e = bpf_map_lookup_elem(&wall_tasks, &tid);
+	struct rprof_wall_slot *run = e ? slot_of(e, RPROF_WALL_KEY(RPROF_WALL_RUNNING, -1)) : 0;
+
+	if (run)
+		run->hash = hash;
 }
 
 /* A word of the rb_thread_t copied into s->cfps. */
@@ -876,7 +930,7 @@ static __always_inline __u64 th_word(struct scratch *s, __u32 off)
  * waits: from its rb_thread_t (see offcpu notes in ARCHITECTURE.md §9). */
 static __always_inline __u32 wall_reason(struct rprof_proc *p, struct scratch *s, __u64 th)
 {
-	__u64 base = 0, holder = 0, next, brb;
+	__u64 base, holder = 0, next;
 	__u32 status;
 	__u8 byte;
 
@@ -884,23 +938,23 @@ static __always_inline __u32 wall_reason(struct rprof_proc *p, struct scratch *s
 		return RPROF_WALL_OFF_CPU;
 	if (bpf_probe_read_user(s->cfps, p->th_read_len & 511, (void *)th))
 		return RPROF_WALL_OFF_CPU;
-	base = th_word(s, p->th_gvl_base);
-	if (base && bpf_probe_read_user(&holder, sizeof(holder), (void *)(base + p->gvl_holder)))
-		holder = 0;
-	if (holder == th)
-		return RPROF_WALL_GVL_HELD;
 	next = th_word(s, p->th_gvl_node);
 	if (next && next != th + p->th_gvl_node &&
 	    !(p->th_gvl_node_ubf && th_word(s, p->th_unblock_func)))
 		return RPROF_WALL_GVL;
+	/* In a blocking region, sleeping or stopped, a thread has released the
+	 * GVL: only a runnable one outside them may block holding it. */
+	if (th_word(s, p->th_blocking_region))
+		return RPROF_WALL_BLOCKED;
 	byte = s->cfps[p->th_status_byte & 511];
 	status = (byte >> (p->th_status_shift & 7)) & p->th_status_mask;
-	brb = th_word(s, p->th_blocking_region);
-	if (brb)
-		return RPROF_WALL_BLOCKED;
 	switch (status) {
-	case 0: /* THREAD_RUNNABLE outside a blocking region: taking the GVL */
-		return RPROF_WALL_GVL;
+	case 0: /* THREAD_RUNNABLE: taking the GVL, or blocked holding it */
+		base = th_word(s, p->th_gvl_base);
+		if (base &&
+		    bpf_probe_read_user(&holder, sizeof(holder), (void *)(base + p->gvl_holder)))
+			holder = 0;
+		return holder == th ? RPROF_WALL_GVL_HELD : RPROF_WALL_GVL;
 	case 1: /* THREAD_STOPPED */
 		return RPROF_WALL_SLEEP;
 	case 2: /* THREAD_STOPPED_FOREVER */
@@ -972,6 +1026,8 @@ static __always_inline int on_event(void *ctx, __u32 event, const bool tracepoin
 	if (!s)
 		return 0;
 
+	if (wall_mode && (task->flags & PF_EXITING))
+		return 0; /* its time was counted when it began to exit */
 	begin(s, p, tgid, tid, event);
 	if (wall_mode) {
 		s->hdr.weight = wall_sample_weight(p, tid, task);
@@ -992,6 +1048,8 @@ static __always_inline int on_event(void *ctx, __u32 event, const bool tracepoin
 			bpf_tail_call(ctx, &tail_perf_event, 0);
 	}
 	finish(s, w.hash);
+	if (wall_mode)
+		wall_sampled(tid, s->hdr.hash);
 	return 0;
 }
 
@@ -1130,129 +1188,214 @@ int BPF_PROG(on_exit, struct task_struct *task)
 	return 0;
 }
 
-/* read_stack as a bpf_loop callback (one iteration): the verifier checks the
- * walk once, and what follows it starts from one state, not from each of the
- * walk's (it took 1.6 s to verify on_switch with the walk inlined). */
-struct stack_read {
-	struct walk_ctx *w;
-	struct task_struct *task;
-	__u32 tgid;
-};
-
-static long read_stack_once(__u32 i, struct stack_read *r)
-{
-	read_stack(r->w, r->task, r->tgid);
-	return 1;
-}
-
 /* wall: the recipe of `task`'s process, if it is the process rprof profiles
- * (not another on a reused PID). */
+ * (not another on a reused PID), and the task is not exiting: a task seen
+ * after its exit was counted would count its whole life again. */
 static __always_inline struct rprof_proc *recipe_of(struct task_struct *task)
 {
 	__u32 tgid = task->tgid;
 	struct rprof_proc *p = bpf_map_lookup_elem(&procs, &tgid);
 
+	if (task->flags & PF_EXITING)
+		return 0;
 	return p && start_ticks(task->group_leader) == p->start_ticks ? p : 0;
 }
 
-/* wall_out's two counts from one walk: [0] the time on CPU that ends, [1]
- * the wait that begins (weight 0, its record now). One callback, so the
- * verifier checks the counting once, not twice. */
-struct wall_counts {
-	struct scratch *s;
-	__u64 frames_hash;
-	__u64 ran;
-	__u64 wait_hash;
+/* wall: the rb_thread_t of `task`, the current task, as a walk would find
+ * it (its EC's thread); 0 if it runs no Ruby or the EC is another's. */
+static __always_inline __u64 thread_of(struct rprof_proc *p, struct task_struct *task)
+{
+	__u64 tp = BPF_CORE_READ(task, thread.fsbase), ec = 0, th = 0;
+
+	if (read_ec(p, task->tgid, tp, &ec) || !ec)
+		return 0;
+	if (bpf_probe_read_user(&th, sizeof(th), (void *)(ec + p->ec_thread_ptr)))
+		return 0;
+	if (p->verify_thread && !ec_is_this_thread(p, th, tp))
+		return 0;
+	return th;
+}
+
+/* wall: the stack of a wait that begins, to walk: that of `task`, the
+ * current task. */
+struct wall_walk {
+	__u64 task; /* struct task_struct *, read with probes */
+	__u32 tgid; /* 0: nothing to walk */
+	__u32 tid;
 	__u32 state;
 	__s32 syscall;
 };
 
-static long wall_count(__u32 i, struct wall_counts *c)
+/* The walk and the counting, in a global function: the verifier checks it
+ * once, apart from its callers (a switch program with one walk inlined took
+ * 1.6 s to verify, and with two did not fit in a million instructions).
+ * Its record goes with weight 0: the wait is counted when it ends. Returns
+ * the stack's hash, 0 if it could not be counted. */
+__noinline __u64 wall_walk_count(struct wall_walk *r)
 {
-	struct scratch *s = c->s;
-
-	if (i == 0) {
-		if (!c->ran)
-			return 0;
-		s->hdr.wall_state = RPROF_WALL_RUNNING;
-		s->hdr.wall_syscall = -1;
-		s->hdr.weight = c->ran;
-	} else {
-		s->hdr.wall_state = c->state;
-		s->hdr.wall_syscall = c->syscall;
-		s->hdr.weight = 0; /* counted when the interval ends */
-	}
-	finish(s, c->frames_hash);
-	c->wait_hash = s->hdr.hash;
-	return 0;
-}
-
-/* wall: `prev` leaves the CPU (this runs in its context, so its memory is
- * the current one). Its time on CPU since its last mark counts to the stack
- * it leaves in; the interval off CPU starts, with the same stack and the
- * reason its rb_thread_t gives, and counts when it switches in again (or
- * when userspace sweeps). One walk per switch-out. */
-static __always_inline void wall_out(struct task_struct *prev, bool runnable, __u64 now)
-{
-	__u32 tgid = prev->tgid, tid = prev->pid, slot;
-	struct rprof_wall_task *e, fresh = {};
-	struct wall_counts c = {};
-	struct stack_read r = {};
+	__u32 tgid, slot = bpf_get_smp_processor_id() * 2 + 1;
+	struct task_struct *task;
 	struct walk_ctx w = {};
 	struct rprof_proc *p;
 	struct scratch *s;
-	__u64 mark, since;
+
+	if (!r || !r->tgid)
+		return 0;
+	tgid = r->tgid;
+	task = (void *)r->task;
+	/* The tracepoint slot: nothing else runs on this CPU while it switches. */
+	s = bpf_map_lookup_elem(&scratch, &slot);
+	p = bpf_map_lookup_elem(&procs, &tgid);
+	if (!s || !p)
+		return 0;
+	w.s = s;
+	w.p = p;
+	begin(s, p, tgid, r->tid, 0);
+	bpf_probe_read_kernel_str(s->hdr.comm, sizeof(s->hdr.comm), task->comm);
+	read_stack(&w, task, tgid);
+	s->hdr.wall_state = r->state;
+	s->hdr.wall_syscall = r->syscall;
+	s->hdr.weight = 0;
+	finish(s, w.hash);
+	return s->hdr.hash;
+}
+
+/* wall: asks for `task`'s stack to be walked, for its wait in `state`. */
+static __always_inline void want_walk(struct wall_walk *r, struct task_struct *task, __u32 state,
+				      __s32 syscall)
+{
+	r->task = (__u64)task;
+	r->tgid = task->tgid;
+	r->tid = task->pid;
+	r->state = state;
+	r->syscall = syscall;
+}
+
+/* wall: time of a wait whose stack was not walked: pending in the slot of
+ * its kind, which userspace shares among the walked stacks of that kind. */
+static __always_inline void unpend(struct rprof_wall_slot *sl, __u64 ns)
+{
+	if (sl)
+		__sync_fetch_and_add(&sl->pending, ns);
+	else
+		stat_add(RPROF_STAT_WALL_UNSEEN, ns);
+}
+
+/* wall: whether this switch-out of `e`'s thread walks its stack. Always,
+ * for a thread that switched out fewer than RPROF_WALL_WALKS_PER_S times a
+ * second in its last window (a server thread); else by chance, the same for
+ * every switch-out of the window, whatever its stack (only its own
+ * switch-outs touch these fields). */
+static __always_inline bool may_walk(struct rprof_wall_task *e, __u64 now)
+{
+	__u64 span = now - e->window_at, chance;
+
+	e->window_outs++;
+	if (now > e->window_at && span >= RPROF_WALL_WINDOW_NS) {
+		/* walks wanted in the window / switch-outs it had, in 1/65536ths */
+		chance = RPROF_WALL_WALKS_PER_S * RPROF_WALL_ALWAYS * (span / 1000000) /
+			 (1000ULL * e->window_outs);
+		e->walk_chance = chance >= RPROF_WALL_ALWAYS ? 0 : (chance ? chance : 1);
+		e->window_at = now;
+		e->window_outs = 0;
+	}
+	return !e->walk_chance ||
+	       (bpf_get_prandom_u32() & (RPROF_WALL_ALWAYS - 1)) < e->walk_chance;
+}
+
+/* wall: `prev` leaves the CPU (this runs in its context, so its memory is
+ * the current one). Its time on CPU since its last mark waits in its
+ * running slot for its next CPU sample; the wait that begins is opened with
+ * the reason its rb_thread_t gives, and its stack walked now (`walk` asks
+ * for it; the caller gives the hash to the wait) unless the thread switches
+ * too often to walk every wait (may_walk).
+ * The wait is counted when the thread switches in again, or when userspace
+ * sweeps. Returns the thread's interval. */
+static __always_inline struct rprof_wall_task *wall_out(struct task_struct *prev, bool runnable,
+							__u64 now, struct wall_walk *walk)
+{
+	__u32 tid = prev->pid, slot, state;
+	struct rprof_wall_task *e, fresh = {};
+	struct rprof_wall_slot *run;
+	struct rprof_proc *p;
+	struct scratch *s;
+	__u64 mark, since, ran;
+	__s32 syscall;
 
 	p = recipe_of(prev);
 	if (!p)
-		return;
+		return 0;
 	e = bpf_map_lookup_elem(&wall_tasks, &tid);
 	if (!e) {
 		since = prev->start_time > p->wall_since ? prev->start_time : p->wall_since;
 		fresh.mark = (since << 1) | ON_CPU;
+		fresh.window_at = now;
 		bpf_map_update_elem(&wall_tasks, &tid, &fresh, BPF_NOEXIST);
 		e = bpf_map_lookup_elem(&wall_tasks, &tid);
 		if (!e)
-			return;
+			return 0;
 	}
-	/* The tracepoint slot: nothing else runs on this CPU while it switches. */
 	slot = bpf_get_smp_processor_id() * 2 + 1;
 	s = bpf_map_lookup_elem(&scratch, &slot);
 	if (!s)
-		return;
+		return 0;
 	stat_inc(RPROF_STAT_EVENTS);
-	begin(s, p, tgid, tid, 0);
-	w.s = s;
-	w.p = p;
-	r.w = &w;
-	r.task = prev;
-	r.tgid = tgid;
-	bpf_loop(1, read_stack_once, &r, 0);
-	c.s = s;
-	c.frames_hash = w.hash;
-	c.syscall = syscall_of(prev);
-	c.state = runnable ? RPROF_WALL_RUNNABLE : wall_reason(p, s, w.th);
+	/* Preempted: whatever orig_ax holds (an interrupt's vector), the
+	 * thread waits for a CPU, not in a system call. */
+	syscall = runnable ? -1 : syscall_of(prev);
+	state = runnable ? RPROF_WALL_RUNNABLE : wall_reason(p, s, thread_of(p, prev));
 	/* On CPU from here until the wait below is published: the sweep
 	 * leaves marks on CPU alone. */
 	mark = __sync_lock_test_and_set(&e->mark, (now << 1) | ON_CPU);
 	since = mark >> 1;
-	c.ran = !(mark & ON_CPU) ? missed_switch_in(e, tid, prev, mark, now)
-		: since < now	 ? now - since
-				 : 0;
-	bpf_loop(2, wall_count, &c, 0);
-	e->hash = c.wait_hash;
+	ran = !(mark & ON_CPU) ? missed_switch_in(e, tid, prev, mark, now)
+	      : since < now    ? now - since
+			       : 0;
+	/* Running time waits for the thread's next CPU sample, which takes it
+	 * to the stack it finds: the stack a thread leaves the CPU in is where
+	 * it blocks, not where it ran. */
+	run = slot_of(e, RPROF_WALL_KEY(RPROF_WALL_RUNNING, -1));
+	if (run)
+		__sync_fetch_and_add(&run->pending, ran);
+	else
+		stat_add(RPROF_STAT_WALL_UNSEEN, ran);
+	if (may_walk(e, now))
+		want_walk(walk, prev, state, syscall);
+	e->hash = 0;
+	e->state = state;
+	e->syscall = syscall;
 	e->exec = prev->se.sum_exec_runtime;
-	/* After the hash: the sweep reads the mark, then the hash. */
-	__sync_lock_test_and_set(&e->mark, now << 1);
+	return e; /* on CPU still: the caller opens the wait (open_wait) */
 }
 
-/* wall: `next` takes the CPU: its interval off CPU ends. */
+/* wall: `e`'s wait opens at `at`, after its stack was walked (if it was),
+ * and after its other fields: the sweep reads the mark, then them. The walk's
+ * own time counts as running: the thread was still on its CPU, and the wait
+ * it delays (the thread it switches to starts later) is not made longer by
+ * it, so that walked waits last as long as the others do. */
+static __always_inline void open_wait(struct rprof_wall_task *e, __u64 now, __u64 at)
+{
+	struct rprof_wall_slot *run;
+
+	if (at > now) {
+		run = slot_of(e, RPROF_WALL_KEY(RPROF_WALL_RUNNING, -1));
+		if (run)
+			__sync_fetch_and_add(&run->pending, at - now);
+	}
+	__sync_lock_test_and_set(&e->mark, at << 1);
+}
+
+/* wall: `next` takes the CPU: its wait ends. Its time goes to the wait's
+ * stack if known (walked at switch-out, or given by userspace), else to the
+ * slot of its kind, for userspace to share among the walked stacks of that
+ * kind. */
 static __always_inline void wall_in(struct task_struct *next, __u64 now)
 {
 	__u32 tid = next->pid;
 	struct rprof_wall_task *e, fresh = {};
+	struct rprof_wall_slot *sl = 0;
 	struct rprof_proc *p;
-	__u64 old, hash;
+	__u64 old, ns;
 
 	p = recipe_of(next);
 	if (!p)
@@ -1264,6 +1407,7 @@ static __always_inline void wall_in(struct task_struct *next, __u64 now)
 		if (next->start_time < p->wall_since && p->wall_since < now)
 			stat_add(RPROF_STAT_WALL_UNSEEN, now - p->wall_since);
 		fresh.mark = (now << 1) | ON_CPU;
+		fresh.window_at = now;
 		bpf_map_update_elem(&wall_tasks, &tid, &fresh, BPF_NOEXIST);
 		return;
 	}
@@ -1272,28 +1416,62 @@ static __always_inline void wall_in(struct task_struct *next, __u64 now)
 	old = __sync_lock_test_and_set(&e->mark, (now << 1) | ON_CPU);
 	if ((old & ON_CPU) || (old >> 1) >= now)
 		return;
-	hash = seeded_hash(e, tid);
-	if (hash)
-		add_time(hash, now - (old >> 1));
-	else /* it woke before userspace read its stack */
-		stat_add(RPROF_STAT_WALL_UNSEEN, now - (old >> 1));
+	ns = now - (old >> 1);
+	if (e->state)
+		sl = slot_of(e, RPROF_WALL_KEY(e->state, e->syscall));
+	if (e->hash) {
+		if (sl)
+			sl->hash = e->hash;
+		add_time(e->hash, ns);
+	} else if (e->state) {
+		unpend(sl, ns);
+	} else { /* opened by the sweep; woke before userspace read its stack */
+		stat_add(RPROF_STAT_WALL_UNSEEN, ns);
+	}
 }
 
 SEC("tp_btf/sched_switch")
 int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_struct *next,
 	     unsigned int prev_state)
 {
+	struct wall_walk walk = {};
+	struct rprof_wall_task *out;
 	__u64 now = bpf_ktime_get_ns();
 
 	/* Preempted (or yielding), the thread stays ready to run. */
-	wall_out(prev, preempt || prev_state == 0, now);
+	out = wall_out(prev, preempt || prev_state == 0, now, &walk);
+	if (out && walk.tgid) {
+		out->hash = wall_walk_count(&walk);
+		open_wait(out, now, bpf_ktime_get_ns());
+	} else if (out) {
+		open_wait(out, now, now);
+	}
 	wall_in(next, now);
 	return 0;
 }
 
+/* wall: each slot's pending time taken, for userspace to share among the
+ * walked stacks of its kind, and its last stack listed, to keep named. */
+static __always_inline void sweep_slots(struct rprof_wall_task *e, struct rprof_wall_thread *out)
+{
+	int i;
+
+	for (i = 0; i < RPROF_WALL_SLOTS; i++) {
+		struct rprof_wall_slot *sl = &e->slots[i];
+		__u64 taken;
+
+		if (!sl->key)
+			break;
+		taken = __sync_lock_test_and_set(&sl->pending, 0);
+		out->slots[i].key = sl->key;
+		out->slots[i].hash = sl->hash;
+		out->slots[i].pending = taken;
+	}
+}
+
 /* wall, once an epoch and at the end: every followed thread, for userspace
- * (which seeds those it has never seen with their stacks); the time of each
- * one off CPU is counted up to now, so long waits show in every epoch. */
+ * (which reads the stacks of waits that have none); the time of each wait
+ * with a stack is counted up to now, so long waits show in every epoch. */
 SEC("iter/task")
 int wall_sweep(struct bpf_iter__task *ctx)
 {
@@ -1302,17 +1480,16 @@ int wall_sweep(struct bpf_iter__task *ctx)
 	struct rprof_wall_task *e, fresh = {};
 	struct rprof_proc *p;
 	__u64 now, mark, hash;
-	__u32 tgid, tid;
+	__u32 tid;
 	bool running;
 
 	if (!task)
 		return 0;
-	tgid = task->tgid;
 	tid = task->pid;
 	p = recipe_of(task);
 	if (!p)
 		return 0;
-	out.pid = tgid;
+	out.pid = task->tgid;
 	out.tid = tid;
 	out.start_ticks = p->start_ticks;
 	out.tp = BPF_CORE_READ(task, thread.fsbase);
@@ -1327,32 +1504,52 @@ int wall_sweep(struct bpf_iter__task *ctx)
 		fresh.mark = (p->wall_since << 1) | (running ? ON_CPU : 0);
 		fresh.exec = task->se.sum_exec_runtime;
 		if (!bpf_map_update_elem(&wall_tasks, &tid, &fresh, BPF_NOEXIST)) {
-			out.seeded = !running;
+			out.needs_stack = !running;
 			out.seed_mark = fresh.mark;
 		}
 	} else {
 		now = bpf_ktime_get_ns();
 		mark = READ_MARK(e);
 		out.seen = 1;
-		hash = seeded_hash(e, tid);
-		out.hash = hash;
-		/* Not if it has run since (a switch-in rprof did not see):
-		 * its own next event splits that interval. */
-		if (hash && !(mark & ON_CPU) && (mark >> 1) < now &&
-		    task->se.sum_exec_runtime == e->exec &&
-		    __sync_val_compare_and_swap(&e->mark, mark, now << 1) == mark)
-			add_time(hash, now - (mark >> 1));
+		/* Not if it has run since (a switch-in rprof did not see): its
+		 * own next event splits that interval. */
+		if (!(mark & ON_CPU) && task->se.sum_exec_runtime == e->exec) {
+			hash = seeded_hash(e, tid, mark);
+			if (!hash) {
+				out.needs_stack = 1;
+				out.seed_mark = mark;
+				out.state = e->state;
+				out.wait_syscall = e->syscall;
+			} else if ((mark >> 1) < now &&
+				   __sync_val_compare_and_swap(&e->mark, mark, now << 1) == mark) {
+				add_time(hash, now - (mark >> 1));
+			}
+		}
+		out.hash = e->hash;
+		sweep_slots(e, &out);
 	}
 	bpf_seq_write(ctx->meta->seq, &out, sizeof(out));
 	return 0;
 }
 
-/* wall: a thread that ends has no interval any more. */
+/* wall: a thread that ends has no interval any more; its pending time is
+ * counted to its slots' stacks (or as unseen, for a slot never walked). */
 SEC("tp_btf/sched_process_exit")
 int BPF_PROG(on_thread_exit, struct task_struct *task)
 {
 	__u32 tid = task->pid;
+	struct rprof_wall_task *e = bpf_map_lookup_elem(&wall_tasks, &tid);
+	int i;
 
+	for (i = 0; e && i < RPROF_WALL_SLOTS; i++) {
+		struct rprof_wall_slot *sl = &e->slots[i];
+		__u64 taken = __sync_lock_test_and_set(&sl->pending, 0);
+
+		if (taken && sl->hash)
+			add_time(sl->hash, taken);
+		else if (taken)
+			stat_add(RPROF_STAT_WALL_UNSEEN, taken);
+	}
 	bpf_map_delete_elem(&wall_tasks, &tid);
 	bpf_map_delete_elem(&wall_seeds, &tid);
 	return 0;

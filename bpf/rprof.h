@@ -282,6 +282,9 @@ enum rprof_sample_flags {
 	 * itself and not started marking, or finished and not yet left; the
 	 * sample is at gc_time or the time before, and must hold at both */
 	RPROF_SAMPLE_GC_EDGE = 64,
+	/* wall: time of short waits whose stack no walk sampled (a thread's
+	 * last few ms of a kind, when the recording ended) */
+	RPROF_SAMPLE_UNSAMPLED = 128,
 };
 
 /* objspace->flags (Ruby 2.7 to 3.4): mode (enum gc_mode) in bits 0-1,
@@ -372,28 +375,68 @@ enum rprof_wall_state {
 	RPROF_WALL_OFF_CPU = 9,	 /* a thread without Ruby (or a Ruby rprof cannot classify) */
 };
 
+/* wall: time of one kind (slot key: state and system call) whose stack was
+ * not walked. A thread that switches more often than RPROF_WALL_WALKS_PER_S
+ * walks a random sample of its waits (each with the same chance, whatever
+ * its stack); the waits not walked are added up here, and userspace shares
+ * their time among the stacks of the walked waits of the same kind, in
+ * proportion to those waits' time (ARCHITECTURE.md section 9). */
+struct rprof_wall_slot {
+	__u32 key; /* RPROF_WALL_KEY(state, syscall); 0: free */
+	__u32 pad;
+	__u64 pending; /* ns not counted to a stack yet (the sweep: ns it took) */
+	__u64 hash;    /* the last walked stack of this kind, 0 before one */
+};
+
+#define RPROF_WALL_SLOTS	       6
+#define RPROF_WALL_KEY(state, syscall) (((state) << 16) | (((syscall) + 1) & 0xffff))
+/* Walks a second a thread makes at most, about: past it, each switch-out
+ * walks with a chance set from its rate in the last window. */
+#define RPROF_WALL_WALKS_PER_S 2000
+#define RPROF_WALL_WINDOW_NS   100000000
+#define RPROF_WALL_ALWAYS      65536 /* a chance of 1, in 1/65536ths */
+
 /* wall: each followed thread's open interval (key: tid). Written by the
  * thread's own switches and samples, and by the sweep userspace runs once an
  * epoch, which moves `mark` with a compare-and-swap. */
 struct rprof_wall_task {
 	/* (ns << 1) | on_cpu: when the open interval started, and whether on CPU */
 	__u64 mark;
-	__u64 hash; /* off CPU: the stack the interval counts to */
-	__u64 exec; /* off CPU: the task's CPU time (sum_exec_runtime) at the mark */
+	__u64 hash;    /* off CPU: the stack the wait counts to, 0 until known */
+	__u64 exec;    /* off CPU: the task's CPU time (sum_exec_runtime) at the mark */
+	__u32 state;   /* off CPU: enum rprof_wall_state, 0 if unknown (a wait the sweep opened) */
+	__s32 syscall; /* off CPU: the system call it waits in, or -1 */
+	__u64 window_at;   /* when its switch-out rate window began */
+	__u32 window_outs; /* switch-outs in it so far */
+	__u32 walk_chance; /* of each switch-out walking, in 1/65536ths; 0: always */
+	struct rprof_wall_slot slots[RPROF_WALL_SLOTS];
+};
+
+/* wall: a wait's stack, read by userspace, for the open wait that began at
+ * `mark` (key: tid). */
+struct rprof_wall_seed {
+	__u64 mark;
+	__u64 hash;
 };
 
 /* wall: what the sweep (iter/task) says of each followed thread. */
 struct rprof_wall_thread {
 	__u32 pid;
 	__u32 tid;
-	__u64 start_ticks; /* of the process */
-	__u64 tp;	   /* thread pointer */
-	__u64 hash;	   /* its open interval's stack, if `seen` */
-	__s64 syscall;	   /* orig_ax: the system call it is in, or -1 */
-	__u64 seed_mark;   /* seeded: the mark its interval was opened with */
-	__u32 seen;	   /* 1: it had an interval before this sweep */
-	__u32 seeded;	   /* 1: blocked, never seen: the sweep opened its wait, whose
-			    * stack userspace reads and gives in `wall_seeds` */
+	__u64 start_ticks;  /* of the process */
+	__u64 tp;	    /* thread pointer */
+	__u64 hash;	    /* its open wait's stack, if known */
+	__s64 syscall;	    /* orig_ax: the system call it is in, or -1 */
+	__u64 seed_mark;    /* needs_stack: the mark of the wait whose stack is wanted */
+	__u32 seen;	    /* 1: it had an interval before this sweep */
+	__u32 needs_stack;  /* 1: blocked in a wait with no stack yet: userspace reads
+			     * it (it cannot change until the thread runs) and gives it
+			     * in `wall_seeds` */
+	__u32 state;	    /* needs_stack: the wait's state, 0 if unknown */
+	__s32 wait_syscall; /* needs_stack: the system call it waits in */
+	/* each slot's key and stack, and the pending time the sweep took:
+	 * counted to that stack, or by userspace with no stack if it has none */
+	struct rprof_wall_slot slots[RPROF_WALL_SLOTS];
 };
 
 /*

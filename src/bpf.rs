@@ -42,6 +42,7 @@ unsafe impl plain::Plain for types::rprof_space {}
 unsafe impl plain::Plain for types::rprof_thread_pointer {}
 unsafe impl plain::Plain for types::rprof_wall_thread {}
 unsafe impl plain::Plain for types::rprof_wall_task {}
+unsafe impl plain::Plain for types::rprof_wall_seed {}
 
 /// One stack record sent by the BPF program.
 #[derive(Debug, Clone)]
@@ -484,21 +485,23 @@ impl Probe {
         run_iter(&self.skel.progs.wall_sweep, "sweeping the followed threads")
     }
 
-    /// `wall`: the stack `hash` of thread `tid`'s wait that the sweep
-    /// opened at `mark`, if the wait is still the one opened there (the
-    /// thread has not run since, so the stack read is the one it waits in):
-    /// whether it was given.
+    /// `wall`: the stack `hash` of thread `tid`'s wait that began at
+    /// `mark`, if the wait is still that one (the thread has not run since,
+    /// so the stack read is the one it waits in): whether it was given.
     pub fn seed_wall(&mut self, tid: u32, mark: u64, hash: u64) -> bool {
         let key = tid.to_ne_bytes();
         let open = self.skel.maps.wall_tasks.lookup(&key, MapFlags::ANY);
         let mut task = types::rprof_wall_task::default();
         let unchanged = matches!(open, Ok(Some(bytes)) if plain::copy_from_bytes(&mut task, &bytes).is_ok() && task.mark == mark);
+        let seed = types::rprof_wall_seed { mark, hash };
+        // SAFETY: rprof_wall_seed is Plain.
+        let value = unsafe { plain::as_bytes(&seed) };
         unchanged
             && self
                 .skel
                 .maps
                 .wall_seeds
-                .update(&key, &hash.to_ne_bytes(), MapFlags::ANY)
+                .update(&key, value, MapFlags::ANY)
                 .is_ok()
     }
 

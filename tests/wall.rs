@@ -410,3 +410,132 @@ fn a_thousand_idle_threads() {
         run.stderr
     );
 }
+
+/// Context switches of thread `tid` of `pid` so far.
+fn switches(pid: u32, tid: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .filter(|l| l.contains("ctxt_switches:"))
+        .filter_map(|l| l.split_whitespace().last()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// A storm of short waits (wall_storm.rb): too many to walk each one's
+/// stack, so a sample is walked; the pinger's time still adds up, and splits
+/// between its two methods as its own clock says (wait_b's waits are a
+/// quarter of the calls, and longer: a sample by count would miss).
+fn short_waits(pinned: bool) {
+    let mut target = Ruby::host().spawn("wall_storm.rb", &[]);
+    if pinned {
+        // On one CPU the two threads hand it to each other directly.
+        let pinning = Command::new("taskset")
+            .args(["-a", "-p", "-c", "0", &target.pid.to_string()])
+            .output()
+            .expect("run taskset");
+        assert!(pinning.status.success(), "taskset: {pinning:?}");
+    }
+    let pinger = target.get("pinger").to_string();
+    // The pinger's own totals around the recording (printed every 0.1 s).
+    let ns = |times: &str, key: &str| -> f64 {
+        times
+            .split_whitespace()
+            .find_map(|kv| kv.strip_prefix(key)?.parse().ok())
+            .unwrap_or_else(|| panic!("no {key} in {times}"))
+    };
+    let recording = common::attach(target.pid, &["-d", "3", "-F", "999", "wall"]);
+    let times_before = target.latest_line("times", Duration::from_secs(5));
+    let (before, started) = (switches(target.pid, &pinger), std::time::Instant::now());
+    let run = recording.finish();
+    let rate = (switches(target.pid, &pinger) - before) as f64 / started.elapsed().as_secs_f64();
+    assert!(run.success, "{}", run.stderr);
+    let times_after = target.latest_line("times", Duration::from_secs(5));
+    let (a_ns, b_ns) = (
+        ns(&times_after, "a=") - ns(&times_before, "a="),
+        ns(&times_after, "b=") - ns(&times_before, "b="),
+    );
+    let truth_a = 100.0 * a_ns / (a_ns + b_ns);
+    let f = run.folded.of_thread(&pinger);
+    let lines: Vec<String> = f
+        .stacks
+        .iter()
+        .map(|(s, n)| format!("{n} {}", s.join(";")))
+        .collect();
+    let report = lines.join("\n");
+    // Fewer than this many switches a second, every wait would be walked.
+    assert!(
+        rate >= 5_000.0,
+        "the pinger switched {rate:.0} times a second: no storm\n{report}"
+    );
+    let total = f.total() as f64 / 1e6;
+    assert!(
+        (total - 3.0).abs() <= 0.15,
+        "pinger's total {total:.3} s\n{report}"
+    );
+    let time_in = |method: &str| -> u64 {
+        f.stacks
+            .iter()
+            .filter(|(s, _)| s.iter().any(|fr| label(fr) == method))
+            .map(|(_, n)| n)
+            .sum()
+    };
+    let (a, b) = (time_in("Object#wait_a"), time_in("Object#wait_b"));
+    let share_a = 100.0 * a as f64 / (a + b).max(1) as f64;
+    let unsampled: u64 = f
+        .stacks
+        .iter()
+        .filter(|(s, _)| s.iter().any(|fr| fr == "[short waits: stack not sampled]"))
+        .map(|(_, n)| n)
+        .sum();
+    let unsampled = 100.0 * unsampled as f64 / f.total().max(1) as f64;
+    eprintln!(
+        "short waits (pinned {pinned}): {rate:.0} switches/s, total {total:.3} s, under wait_a {share_a:.1}% (its clock: {truth_a:.1}%), unsampled {unsampled:.2}%"
+    );
+    assert!(
+        (share_a - truth_a).abs() <= 5.0,
+        "{share_a:.1}% of the time under wait_a, by its own clock {truth_a:.1}%\n{report}"
+    );
+}
+
+#[test]
+fn short_waits_sampled_in_proportion() {
+    short_waits(false);
+}
+
+#[test]
+fn short_waits_on_one_cpu() {
+    short_waits(true);
+}
+
+/// A program that exits during the recording (exits.rb): each of its
+/// threads counts the time it was recorded, not its life again as it ends.
+#[test]
+fn a_program_that_exits() {
+    let target = Ruby::host().spawn("exits.rb", &[]);
+    let run = record(target.pid, &["wall"]);
+    assert!(run.success, "{}", run.stderr);
+    let seconds: f64 = run
+        .stderr
+        .split(" in ")
+        .nth(1)
+        .and_then(|rest| rest.split('s').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no duration in: {}", run.stderr));
+    let mut threads: std::collections::BTreeMap<&str, u64> = Default::default();
+    for (stack, n) in &run.folded.stacks {
+        *threads.entry(stack[0].as_str()).or_default() += n;
+    }
+    eprintln!("a program that exits: {seconds} s recorded, threads (us): {threads:?}");
+    let spinner = format!("[{}]", target.get("spinner"));
+    assert!(
+        threads.keys().any(|t| t.ends_with(&spinner)),
+        "no spinner {spinner} in {threads:?}"
+    );
+    for (thread, us) in &threads {
+        let s = *us as f64 / 1e6;
+        // The summary's duration is rounded to 0.1 s.
+        assert!(
+            s <= seconds + 0.1,
+            "{thread}: {s:.3} s of a {seconds} s recording: {threads:?}"
+        );
+    }
+}

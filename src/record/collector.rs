@@ -18,7 +18,7 @@ use crate::resolve::{self, NativeNames, RubyFrame, Unknown};
 use crate::system;
 use crate::unwind::Unwinder;
 
-use super::wall;
+use super::wall::{self, WallKind};
 
 /// Turns BPF's records and counts into a profile.
 pub struct Collector {
@@ -55,6 +55,9 @@ pub struct Collector {
     /// Ruby frames named whole, by what they are (see `name_ruby`); emptied
     /// every epoch.
     named_ruby: HashMap<u64, Rc<Vec<RubyFrame>>>,
+    /// `wall`: time of waits not walked, by kind, to share out as the epoch
+    /// closes, with the epochs it has waited for a walked stack of its kind.
+    wall_pending: Vec<(WallKind, u64, u32)>,
 }
 
 impl Collector {
@@ -75,6 +78,7 @@ impl Collector {
             say_named: std::env::var_os("RPROF_SAY_NAMED").is_some(),
             native: None,
             named_ruby: HashMap::new(),
+            wall_pending: Vec::new(),
         }
     }
 
@@ -177,6 +181,7 @@ impl Collector {
                 frames: stack,
                 generation: self.generation,
                 unknown: !unknown.is_empty(),
+                kind: WallKind::of(&s.header),
             },
         );
     }
@@ -187,6 +192,70 @@ impl Collector {
         if let Some(cached) = self.stacks.get_mut(&hash) {
             cached.generation = self.generation;
         }
+    }
+
+    /// `wall`: `ns` of `kind` whose waits were not walked, to share among
+    /// the walked stacks of that kind as the epoch closes.
+    pub fn pend(&mut self, kind: WallKind, ns: u64) {
+        self.wall_pending.push((kind, ns, 0));
+    }
+
+    /// `wall`: a stack read because its wait was long, which the sample of
+    /// walked waits that pending time is shared by must not include.
+    pub fn not_sampled(&mut self, hash: u64) {
+        if let Some(cached) = self.stacks.get_mut(&hash) {
+            cached.kind = None;
+        }
+    }
+
+    /// `wall`: shares the pending time of each kind among the stacks of
+    /// that kind counted this epoch, in proportion to their time: the walked
+    /// waits are a sample taken by chance, whatever their stack, so their
+    /// split is the split of all. Time of a kind with no walked stack this
+    /// epoch waits up to `PENDING_EPOCHS` epochs (and not past the last),
+    /// then counts with no stack.
+    fn share_pending(&mut self, last: bool, processes: &mut Processes, probe: &mut Probe) -> Result<()> {
+        const PENDING_EPOCHS: u32 = 4;
+        if self.wall_pending.is_empty() {
+            return Ok(());
+        }
+        let mut walked: HashMap<WallKind, Vec<(u64, u64)>> = HashMap::new();
+        for (hash, counted) in &self.current {
+            if let Some(kind) = self.stacks.get(hash).and_then(|c| c.kind) {
+                walked.entry(kind).or_default().push((*hash, counted.2));
+            }
+        }
+        let mut merged: HashMap<WallKind, (u64, u32)> = HashMap::new();
+        for (kind, ns, age) in std::mem::take(&mut self.wall_pending) {
+            let m = merged.entry(kind).or_default();
+            m.0 += ns;
+            m.1 = m.1.max(age);
+        }
+        for (kind, (ns, age)) in merged {
+            let stacks = walked.get(&kind).map(Vec::as_slice).unwrap_or_default();
+            let total: u64 = stacks.iter().map(|(_, n)| n).sum();
+            if total == 0 {
+                if !last && age < PENDING_EPOCHS {
+                    self.wall_pending.push((kind, ns, age + 1));
+                } else {
+                    self.on_record(Record::Sample(wall::unsampled(kind, ns)), processes, probe)?;
+                }
+                continue;
+            }
+            let mut given = 0;
+            for (hash, n) in stacks {
+                let share = (u128::from(ns) * u128::from(*n) / u128::from(total)) as u64;
+                given += share;
+                if let Some(c) = self.current.get_mut(hash) {
+                    c.2 += share;
+                }
+            }
+            // What rounding left, to the first.
+            if let Some(c) = stacks.first().and_then(|(hash, _)| self.current.get_mut(hash)) {
+                c.2 += ns - given;
+            }
+        }
+        Ok(())
     }
 
     /// Adds `n` events of this stack to the epoch open.
@@ -284,6 +353,8 @@ impl Collector {
             stack.push(Frame::marker("[failed to read the Ruby stack]"));
         } else if s.has(types::rprof_sample_flags::RPROF_SAMPLE_FOREIGN_EC) {
             stack.push(Frame::marker("[GVL released: Ruby stack unknown]"));
+        } else if s.has(types::rprof_sample_flags::RPROF_SAMPLE_UNSAMPLED) {
+            stack.push(Frame::marker("[short waits: stack not sampled]"));
         }
         if s.has(types::rprof_sample_flags::RPROF_SAMPLE_TRUNCATED) {
             stack.push(Frame::marker("[truncated]"));
@@ -449,6 +520,7 @@ impl Collector {
         if last {
             self.undelivered += self.waiting_counts.drain().map(|(_, n)| n).sum::<u64>();
         }
+        self.share_pending(last, processes, probe)?;
         self.named_ruby.clear();
         // Each epoch re-sends the stacks it sees: older ones can go.
         let keep = self.generation.saturating_sub(1);
@@ -480,4 +552,7 @@ struct CachedStack {
     frames: Rc<Vec<Frame>>,
     generation: u64,
     unknown: bool,
+    /// `wall`: the thread and kind of time it counts (None: not a walked
+    /// stack of the sample pending time is shared by).
+    kind: Option<WallKind>,
 }

@@ -1,12 +1,16 @@
 //! `wall`: where every followed thread's time goes, on CPU or not. BPF
 //! counts each thread's intervals exactly (`on_switch`, and CPU samples
-//! weighted by the time since the thread's last mark); once an epoch
-//! userspace runs `wall_sweep`, which counts open waits up to now and lists
-//! the threads. A thread BPF has never seen switch is blocked since before
-//! rprof looked (or runs since then): the sweep opens its interval, and a
-//! blocked one's stack is read here, from userspace, which is safe because a
-//! blocked thread's stack cannot change until it runs; it is given to BPF
-//! only if the thread has not run since the sweep opened its wait.
+//! weighted by the time since the thread's last mark). A thread that
+//! switches too often to walk every wait walks a random sample of them; the
+//! time of the others is counted per thread and kind (state and system
+//! call), and the collector shares it among the walked stacks of that kind,
+//! in proportion to their time (`Collector::pend`). Once an epoch userspace
+//! runs `wall_sweep`, which counts open waits up to now, takes that time,
+//! and lists the threads. A wait with no stack yet (a thread BPF has never
+//! seen switch, blocked since before rprof looked, or a wait not walked) has
+//! its stack read here, from userspace, which is safe because a blocked
+//! thread's stack cannot change until it runs; it is given to BPF only if
+//! the wait is still the one the sweep saw.
 
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
@@ -27,54 +31,133 @@ use types::rprof_wall_state as S;
 /// Attempts at reading a thread's stack between two equal GC clock readings.
 const GC_TRIES: usize = 5;
 
-/// Once an epoch and at the end: counts every open wait up to now, keeps
-/// the stacks of open intervals named, and seeds the threads BPF has not seen.
+/// Once an epoch and at the end: counts every wait with a stack up to now,
+/// keeps the stacks BPF counts to named, and reads the stacks of waits that
+/// have none; then sweeps again, so that those count up to now too.
 pub fn sweep(probe: &mut Probe, processes: &mut Processes, collector: &mut Collector) -> Result<()> {
-    for t in probe.wall_sweep()? {
-        if t.seen != 0 {
-            collector.keep(t.hash);
+    for pass in 0..2 {
+        let mut seeded = false;
+        for t in probe.wall_sweep()? {
+            keep_named(&t, collector);
+            for slot in t.slots.iter().filter(|s| s.pending != 0) {
+                collector.pend(WallKind::of_slot(&t, slot.key), slot.pending);
+            }
+            if t.needs_stack == 0 {
+                continue;
+            }
+            let Some(sample) = processes
+                .get(t.pid, t.start_ticks)
+                .and_then(|f| f.ruby.as_ref())
+                .and_then(|ruby| blocked_stack(&ruby.target, &t))
+            else {
+                continue;
+            };
+            let hash = sample.header.hash;
+            if probe.seed_wall(t.tid, t.seed_mark, hash) {
+                collector.on_record(Record::Sample(sample), processes, probe)?;
+                // Read because it was long: not one of the sample of waits.
+                collector.not_sampled(hash);
+                seeded = true;
+            }
         }
-        if t.seeded == 0 {
-            continue;
-        }
-        let Some(sample) = processes
-            .get(t.pid, t.start_ticks)
-            .and_then(|f| f.ruby.as_ref())
-            .and_then(|ruby| blocked_stack(&ruby.target, &t))
-        else {
-            continue;
-        };
-        // Given only if the thread has not run since the sweep opened its
-        // wait: then it was blocked all along, and the stack read is the
-        // one it waits in.
-        if probe.seed_wall(t.tid, t.seed_mark, sample.header.hash) {
-            collector.on_record(Record::Sample(sample), processes, probe)?;
+        if !seeded || pass == 1 {
+            break;
         }
     }
     Ok(())
 }
 
-/// The record BPF would have sent when `t`, blocked, switched out: its
-/// stack, read between two equal readings of the GC clock, and why it waits.
-fn blocked_stack(target: &RubyTarget, t: &types::rprof_wall_thread) -> Option<Sample> {
-    let space: &dyn AddressSpace = &target.process;
-    let clock = target.gc?;
+/// The stacks BPF counts to in epochs to come: the open wait's and the
+/// slots'.
+fn keep_named(t: &types::rprof_wall_thread, collector: &mut Collector) {
+    if t.seen == 0 {
+        return;
+    }
+    collector.keep(t.hash);
+    for slot in t.slots.iter().filter(|s| s.hash != 0) {
+        collector.keep(slot.hash);
+    }
+}
+
+/// A thread's time of one kind: its state, and the system call it waits in.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub struct WallKind {
+    pub pid: u32,
+    pub start_ticks: u64,
+    pub tid: u32,
+    pub state: u32,
+    pub syscall: i32,
+}
+
+impl WallKind {
+    /// The kind of a `wall` record's time (None for other records).
+    pub fn of(h: &types::rprof_sample_header) -> Option<Self> {
+        (h.wall_state != 0).then_some(Self {
+            pid: h.pid,
+            start_ticks: h.start_ticks,
+            tid: h.tid,
+            state: h.wall_state,
+            syscall: h.wall_syscall,
+        })
+    }
+
+    /// The kind of a slot of thread `t` (key: RPROF_WALL_KEY).
+    fn of_slot(t: &types::rprof_wall_thread, key: u32) -> Self {
+        Self {
+            pid: t.pid,
+            start_ticks: t.start_ticks,
+            tid: t.tid,
+            state: key >> 16,
+            syscall: (key & 0xffff) as i32 - 1,
+        }
+    }
+}
+
+/// A record of `ns` of `kind` whose stack no walk sampled (the thread
+/// walked none of that kind while its time was shared out).
+pub fn unsampled(kind: WallKind, ns: u64) -> Sample {
+    let mut header = header_of(kind.pid, kind.start_ticks, kind.tid);
+    header.wall_state = kind.state;
+    header.wall_syscall = kind.syscall;
+    header.flags = types::rprof_sample_flags::RPROF_SAMPLE_DIRECT.0
+        | types::rprof_sample_flags::RPROF_SAMPLE_UNSAMPLED.0;
+    header.weight = ns;
+    finish(header, Vec::new())
+}
+
+/// A record's header for thread `tid` of a process, with the thread's name.
+fn header_of(pid: u32, start_ticks: u64, tid: u32) -> types::rprof_sample_header {
     let mut header = types::rprof_sample_header {
         kind: types::rprof_record_kind::RPROF_RECORD_SAMPLE.0,
-        pid: t.pid,
-        start_ticks: t.start_ticks,
-        tid: t.tid,
-        wall_syscall: t.syscall as i32,
+        pid,
+        start_ticks,
+        tid,
+        wall_syscall: -1,
         weight: 0,
         ..Default::default()
     };
-    let comm = std::fs::read_to_string(format!("/proc/{}/task/{}/comm", t.pid, t.tid)).unwrap_or_default();
+    let comm = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/comm")).unwrap_or_default();
     for (i, b) in comm.trim_end().bytes().take(15).enumerate() {
         header.comm[i] = b as _;
     }
+    header
+}
+
+/// The record of `t`'s wait, blocked: its stack, read between two equal
+/// readings of the GC clock, and why it waits (as BPF saw it at switch-out,
+/// or read now for a wait the sweep opened).
+fn blocked_stack(target: &RubyTarget, t: &types::rprof_wall_thread) -> Option<Sample> {
+    let space: &dyn AddressSpace = &target.process;
+    let clock = target.gc?;
+    let mut header = header_of(t.pid, t.start_ticks, t.tid);
+    header.wall_syscall = if t.state != 0 {
+        t.wait_syscall
+    } else {
+        t.syscall as i32
+    };
     let Some(ec) = ec_of(target, t.tp) else {
         header.flags |= types::rprof_sample_flags::RPROF_SAMPLE_NO_EC.0;
-        header.wall_state = S::RPROF_WALL_OFF_CPU.0;
+        header.wall_state = known_or(t, S::RPROF_WALL_OFF_CPU.0);
         return Some(finish(header, Vec::new()));
     };
     for _ in 0..GC_TRIES {
@@ -89,15 +172,24 @@ fn blocked_stack(target: &RubyTarget, t: &types::rprof_wall_thread) -> Option<Sa
         };
         let Some(frames) = frames else {
             header.flags |= types::rprof_sample_flags::RPROF_SAMPLE_READ_FAILED.0;
-            header.wall_state = S::RPROF_WALL_OFF_CPU.0;
+            header.wall_state = known_or(t, S::RPROF_WALL_OFF_CPU.0);
             return Some(finish(header, Vec::new()));
         };
         header.gc_time = time.0;
         header.nframes = frames.len() as u32;
-        header.wall_state = th.map_or(S::RPROF_WALL_OFF_CPU.0, |th| reason(target, th));
+        header.wall_state = known_or(t, th.map_or(S::RPROF_WALL_OFF_CPU.0, |th| reason(target, th)));
         return Some(finish(header, frames));
     }
     None
+}
+
+/// The state BPF saw `t`'s wait begin in, if it saw it; else `read`.
+fn known_or(t: &types::rprof_wall_thread, read: u32) -> u32 {
+    if t.state != 0 {
+        t.state
+    } else {
+        read
+    }
 }
 
 /// The EC of the thread whose thread pointer is `tp`, as BPF finds it; None
@@ -131,13 +223,8 @@ fn reason(target: &RubyTarget, th: u64) -> u32 {
     let w = &target.layout.waits;
     let word = |at: u64| space.read_u64(at).ok();
     let field = |off: u32| word(th + u64::from(off));
-    let Some(base) = field(w.gvl_base) else {
-        return S::RPROF_WALL_OFF_CPU.0;
-    };
-    if base != 0 && word(base + u64::from(w.gvl_holder)) == Some(th) {
-        return S::RPROF_WALL_GVL_HELD.0;
-    }
-    let (Some(next), Some(ubf), Some(brb), Some(mutex)) = (
+    let (Some(base), Some(next), Some(ubf), Some(brb), Some(mutex)) = (
+        field(w.gvl_base),
         field(w.gvl_node),
         field(w.unblock_func),
         field(w.blocking_region_buffer),
@@ -154,10 +241,13 @@ fn reason(target: &RubyTarget, th: u64) -> u32 {
     if next != 0 && next != node && !(w.gvl_node_shares_ubf && ubf != 0) {
         return S::RPROF_WALL_GVL.0;
     }
+    // In a blocking region, sleeping or stopped, a thread has released the
+    // GVL: only a runnable one outside them may block holding it.
     if brb != 0 {
         return S::RPROF_WALL_BLOCKED.0;
     }
     match status {
+        0 if base != 0 && word(base + u64::from(w.gvl_holder)) == Some(th) => S::RPROF_WALL_GVL_HELD.0,
         0 => S::RPROF_WALL_GVL.0,
         1 => S::RPROF_WALL_SLEEP.0,
         2 if mutex != 0 => S::RPROF_WALL_MUTEX.0,

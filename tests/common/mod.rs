@@ -251,6 +251,20 @@ impl Target {
         }
     }
 
+    /// The last line starting with `prefix` it has printed and no call has
+    /// returned yet; waits for one if there is none.
+    pub fn latest_line(&mut self, prefix: &str, timeout: Duration) -> String {
+        let mut latest = None;
+        while let Ok(line) = self.lines.try_recv() {
+            if line.starts_with(prefix) {
+                latest = Some(line);
+            } else {
+                self.before_ready.push(line);
+            }
+        }
+        latest.unwrap_or_else(|| self.wait_line(prefix, timeout))
+    }
+
     /// Every line starting with `prefix` it printed, once its output is
     /// closed (it and every process it forked have ended).
     pub fn all_lines(&mut self, prefix: &str, timeout: Duration) -> Vec<String> {
