@@ -144,6 +144,7 @@ struct rprof_wall_thread rprof_wall_thread_type;
 struct rprof_wall_slot rprof_wall_slot_type;
 struct rprof_wall_seed rprof_wall_seed_type;
 enum rprof_wall_state rprof_wall_state_type;
+enum rprof_wall_object rprof_wall_object_type;
 enum rprof_cfa_kind rprof_cfa_kind_type;
 enum rprof_rbp_kind rprof_rbp_kind_type;
 enum rprof_file_flags rprof_file_flags_type;
@@ -714,7 +715,7 @@ static __always_inline void finish(struct scratch *s, __u64 frames_hash)
 			    h->gc_time),
 			h->ruby_thread),
 		    h->start_ticks),
-		((__u64)h->wall_state << 32) | (__u32)h->wall_syscall));
+		((__u64)(h->wall_state | h->wall_object << 8) << 32) | (__u32)h->wall_syscall));
 	count_stack(s);
 }
 
@@ -736,6 +737,7 @@ static __always_inline void begin(struct scratch *s, struct rprof_proc *p, __u32
 	s->hdr.nkernel = 0;
 	s->hdr.wall_state = 0;
 	s->hdr.wall_syscall = -1;
+	s->hdr.wall_object = 0;
 	s->hdr.weight = 1;
 	s->hdr.comm[0] = 0;
 }
@@ -773,7 +775,7 @@ struct {
 	__uint(max_entries, 65536);
 	__type(key, __u32);
 	__type(value, struct rprof_wall_task);
-	/* Allocated as threads are seen: preallocated, it would take 11 MiB. */
+	/* Allocated as threads are seen: preallocated, it would take 12 MiB. */
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 } wall_tasks SEC(".maps");
 
@@ -970,6 +972,66 @@ static __always_inline __s32 syscall_of(struct task_struct *task)
 	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
 
 	return regs ? (__s32)BPF_CORE_READ(regs, orig_ax) : -1;
+}
+
+/* include/uapi/linux/stat.h */
+#define S_IFMT	 00170000
+#define S_IFSOCK 0140000
+#define S_IFREG	 0100000
+#define S_IFCHR	 0020000
+#define S_IFIFO	 0010000
+
+/* wall: what the system call `task`, the current task, is blocked in waits
+ * on: the kind of its file descriptor (x86-64 system call numbers). */
+static __always_inline __u32 object_of(struct task_struct *task, __s32 syscall)
+{
+	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
+	struct file *file = 0, **fds;
+	struct fdtable *fdt;
+	__u64 fd;
+	__u32 mode;
+	int first = -1;
+
+	if (!regs)
+		return RPROF_WALL_OBJECT_NONE;
+	switch (syscall) {
+	case 0 ... 1:	/* read, write */
+	case 17 ... 20: /* pread64, pwrite64, readv, writev */
+	case 42 ... 47: /* connect, accept, sendto, recvfrom, sendmsg, recvmsg */
+	case 72 ... 75: /* fcntl, flock, fsync, fdatasync */
+	case 288:	/* accept4 */
+		fd = BPF_CORE_READ(regs, di);
+		break;
+	case 7:	  /* poll */
+	case 271: /* ppoll: Ruby's wait for one descriptor */
+		if (BPF_CORE_READ(regs, si) != 1 ||
+		    bpf_probe_read_user(&first, sizeof(first), (void *)BPF_CORE_READ(regs, di)) ||
+		    first < 0)
+			return RPROF_WALL_OBJECT_NONE;
+		fd = first;
+		break;
+	default:
+		return RPROF_WALL_OBJECT_NONE;
+	}
+	fdt = BPF_CORE_READ(task, files, fdt);
+	if (!fdt || fd >= BPF_CORE_READ(fdt, max_fds))
+		return RPROF_WALL_OBJECT_NONE;
+	fds = BPF_CORE_READ(fdt, fd);
+	if (bpf_probe_read_kernel(&file, sizeof(file), fds + fd) || !file)
+		return RPROF_WALL_OBJECT_NONE;
+	mode = BPF_CORE_READ(file, f_inode, i_mode) & S_IFMT;
+	switch (mode) {
+	case S_IFSOCK:
+		return RPROF_WALL_OBJECT_SOCKET;
+	case S_IFIFO:
+		return RPROF_WALL_OBJECT_PIPE;
+	case S_IFREG:
+		return RPROF_WALL_OBJECT_FILE;
+	case S_IFCHR:
+		return RPROF_WALL_OBJECT_DEVICE;
+	default:
+		return RPROF_WALL_OBJECT_NONE;
+	}
 }
 
 int on_cpu_sample_native(struct bpf_perf_event_data *ctx);
@@ -1224,6 +1286,8 @@ struct wall_walk {
 	__u32 tid;
 	__u32 state;
 	__s32 syscall;
+	__u32 object;
+	__u32 pad;
 };
 
 /* The walk and the counting, in a global function: the verifier checks it
@@ -1255,20 +1319,26 @@ __noinline __u64 wall_walk_count(struct wall_walk *r)
 	read_stack(&w, task, tgid);
 	s->hdr.wall_state = r->state;
 	s->hdr.wall_syscall = r->syscall;
+	s->hdr.wall_object = r->object;
 	s->hdr.weight = 0;
 	finish(s, w.hash);
 	return s->hdr.hash;
 }
 
-/* wall: asks for `task`'s stack to be walked, for its wait in `state`. */
-static __always_inline void want_walk(struct wall_walk *r, struct task_struct *task, __u32 state,
-				      __s32 syscall)
+/* wall: asks for `task`'s stack to be walked, for the wait `e` opens, and
+ * for what its system call waits on (not Ruby's own waits: a sleep's poll
+ * of Ruby's timer pipe is no pipe the program reads). */
+static __always_inline void want_walk(struct wall_walk *r, struct task_struct *task,
+				      struct rprof_wall_task *e)
 {
 	r->task = (__u64)task;
 	r->tgid = task->tgid;
 	r->tid = task->pid;
-	r->state = state;
-	r->syscall = syscall;
+	r->state = e->state;
+	r->syscall = e->syscall;
+	if (e->syscall >= 0 && (e->state == RPROF_WALL_BLOCKED || e->state == RPROF_WALL_GVL_HELD ||
+				e->state == RPROF_WALL_OFF_CPU))
+		r->object = object_of(task, e->syscall);
 }
 
 /* wall: time of a wait whose stack was not walked: pending in the slot of
@@ -1359,12 +1429,12 @@ static __always_inline struct rprof_wall_task *wall_out(struct task_struct *prev
 		__sync_fetch_and_add(&run->pending, ran);
 	else
 		stat_add(RPROF_STAT_WALL_UNSEEN, ran);
-	if (may_walk(e, now))
-		want_walk(walk, prev, state, syscall);
 	e->hash = 0;
 	e->state = state;
 	e->syscall = syscall;
 	e->exec = prev->se.sum_exec_runtime;
+	if (may_walk(e, now))
+		want_walk(walk, prev, e);
 	return e; /* on CPU still: the caller opens the wait (open_wait) */
 }
 

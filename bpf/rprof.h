@@ -356,8 +356,8 @@ struct rprof_sample_header {
 	__u32 nkernel;
 	__u32 wall_state;   /* wall: enum rprof_wall_state; 0 otherwise */
 	__s32 wall_syscall; /* wall, off CPU: the system call it is in, or -1 */
-	__u32 pad;
-	__u64 weight; /* RPROF_SAMPLE_DIRECT: what it counts (1, or ns in wall mode) */
+	__u32 wall_object;  /* wall, blocked: what it waits on (enum rprof_wall_object) */
+	__u64 weight;	    /* RPROF_SAMPLE_DIRECT: what it counts (1, or ns in wall mode) */
 };
 
 /* wall: what a thread was doing. Off CPU, the reason is read from the
@@ -395,6 +395,18 @@ struct rprof_wall_slot {
 #define RPROF_WALL_WALKS_PER_S 2000
 #define RPROF_WALL_WINDOW_NS   100000000
 #define RPROF_WALL_ALWAYS      65536 /* a chance of 1, in 1/65536ths */
+
+/* wall: what a blocked system call waits on: the kind of file its file
+ * descriptor is (the first argument, or poll's single descriptor). Read
+ * for the waits whose stack is walked, like the stack: a kind of time is
+ * its state and system call, and its split by object is the walked waits'. */
+enum rprof_wall_object {
+	RPROF_WALL_OBJECT_NONE = 0, /* no descriptor, or several */
+	RPROF_WALL_OBJECT_SOCKET = 1,
+	RPROF_WALL_OBJECT_PIPE = 2,
+	RPROF_WALL_OBJECT_FILE = 3,
+	RPROF_WALL_OBJECT_DEVICE = 4, /* a character device: a terminal... */
+};
 
 /* wall: each followed thread's open interval (key: tid). Written by the
  * thread's own switches and samples, and by the sweep userspace runs once an

@@ -91,7 +91,13 @@ fn parked_threads(ruby: &Ruby, busy: bool) {
         ("sleeper", "Object#nap", &|l| l == "[sleeping]"),
         ("holder", "Object#hold", &|l| l == "[sleeping]"),
         ("reader", "Object#read_pipe", &|l| {
-            ["[blocked: read]", "[blocked: poll]", "[blocked: ppoll]"].contains(&l)
+            // What it waits on, too: the pipe.
+            [
+                "[blocked: read (pipe)]",
+                "[blocked: poll (pipe)]",
+                "[blocked: ppoll (pipe)]",
+            ]
+            .contains(&l)
         }),
         ("locker", "Object#lock_mutex", &|l| l == "[waiting: Mutex#lock]"),
         ("popper", "Object#pop_queue", &|l| l == "[waiting: Queue#pop]"),
@@ -272,11 +278,12 @@ fn a_puma_handler_waiting_on_a_backend() {
         "/backend",
         "WallApp#fetch",
         &|l| {
+            // What it waits on, too: the backend's socket.
             [
-                "[blocked: read]",
-                "[blocked: poll]",
-                "[blocked: ppoll]",
-                "[blocked: recvfrom]",
+                "[blocked: read (socket)]",
+                "[blocked: poll (socket)]",
+                "[blocked: ppoll (socket)]",
+                "[blocked: recvfrom (socket)]",
             ]
             .contains(&l)
         },

@@ -387,6 +387,7 @@ impl Collector {
             stack.push(Frame::state(wall::state_label(
                 h.wall_state,
                 h.wall_syscall,
+                h.wall_object,
                 leaf.map(|f| f.name.as_str()),
             )));
         } else if h.event > 0 {

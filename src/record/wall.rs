@@ -3,8 +3,9 @@
 //! weighted by the time since the thread's last mark). A thread that
 //! switches too often to walk every wait walks a random sample of them; the
 //! time of the others is counted per thread and kind (state and system
-//! call), and the collector shares it among the walked stacks of that kind,
-//! in proportion to their time (`Collector::pend`). Once an epoch userspace
+//! call), and the collector shares it among the walked stacks of that kind
+//! (whatever their calls wait on), in proportion to their time
+//! (`Collector::pend`). Once an epoch userspace
 //! runs `wall_sweep`, which counts open waits up to now, takes that time,
 //! and lists the threads. A wait with no stack yet (a thread BPF has never
 //! seen switch, blocked since before rprof looked, or a wait not walked) has
@@ -147,6 +148,16 @@ fn header_of(pid: u32, start_ticks: u64, tid: u32) -> types::rprof_sample_header
 /// readings of the GC clock, and why it waits (as BPF saw it at switch-out,
 /// or read now for a wait the sweep opened).
 fn blocked_stack(target: &RubyTarget, t: &types::rprof_wall_thread) -> Option<Sample> {
+    let (mut header, frames) = blocked_record(target, t)?;
+    header.wall_object = object_now(target, t, &header);
+    Some(finish(header, frames))
+}
+
+/// `blocked_stack`'s header and frames.
+fn blocked_record(
+    target: &RubyTarget,
+    t: &types::rprof_wall_thread,
+) -> Option<(types::rprof_sample_header, Vec<types::rprof_frame>)> {
     let space: &dyn AddressSpace = &target.process;
     let clock = target.gc?;
     let mut header = header_of(t.pid, t.start_ticks, t.tid);
@@ -158,7 +169,7 @@ fn blocked_stack(target: &RubyTarget, t: &types::rprof_wall_thread) -> Option<Sa
     let Some(ec) = ec_of(target, t.tp) else {
         header.flags |= types::rprof_sample_flags::RPROF_SAMPLE_NO_EC.0;
         header.wall_state = known_or(t, S::RPROF_WALL_OFF_CPU.0);
-        return Some(finish(header, Vec::new()));
+        return Some((header, Vec::new()));
     };
     for _ in 0..GC_TRIES {
         let before = clock.read(space)?;
@@ -173,14 +184,71 @@ fn blocked_stack(target: &RubyTarget, t: &types::rprof_wall_thread) -> Option<Sa
         let Some(frames) = frames else {
             header.flags |= types::rprof_sample_flags::RPROF_SAMPLE_READ_FAILED.0;
             header.wall_state = known_or(t, S::RPROF_WALL_OFF_CPU.0);
-            return Some(finish(header, Vec::new()));
+            return Some((header, Vec::new()));
         };
         header.gc_time = time.0;
         header.nframes = frames.len() as u32;
         header.wall_state = known_or(t, th.map_or(S::RPROF_WALL_OFF_CPU.0, |th| reason(target, th)));
-        return Some(finish(header, frames));
+        return Some((header, frames));
     }
     None
+}
+
+/// What the system call of `t`, blocked, waits on (`object_of` in BPF, from
+/// /proc): the kind of its descriptor.
+fn object_now(target: &RubyTarget, t: &types::rprof_wall_thread, h: &types::rprof_sample_header) -> u32 {
+    use std::os::unix::fs::FileTypeExt;
+    use types::rprof_wall_object as O;
+    let waits_on_a_call = [
+        S::RPROF_WALL_BLOCKED.0,
+        S::RPROF_WALL_GVL_HELD.0,
+        S::RPROF_WALL_OFF_CPU.0,
+    ];
+    if !waits_on_a_call.contains(&h.wall_state) {
+        return O::RPROF_WALL_OBJECT_NONE.0;
+    }
+    // "NR ARG0 ARG1 ..." in hex, of the call the thread is blocked in.
+    let line = std::fs::read_to_string(format!("/proc/{}/task/{}/syscall", t.pid, t.tid)).unwrap_or_default();
+    let words: Vec<u64> = line
+        .split_whitespace()
+        .map(|w| {
+            u64::from_str_radix(
+                w.trim_start_matches("0x"),
+                if w.starts_with("0x") { 16 } else { 10 },
+            )
+        })
+        .map_while(Result::ok)
+        .collect();
+    let fd = match words.as_slice() {
+        [0..=1 | 17..=20 | 42..=47 | 72..=75 | 288, fd, ..] => *fd,
+        [7 | 271, fds, 1, ..] => {
+            let mut first = [0u8; 4];
+            let space: &dyn AddressSpace = &target.process;
+            if space.read(*fds, &mut first).is_err() {
+                return O::RPROF_WALL_OBJECT_NONE.0;
+            }
+            match u64::try_from(i32::from_ne_bytes(first)) {
+                Ok(fd) => fd,
+                Err(_) => return O::RPROF_WALL_OBJECT_NONE.0,
+            }
+        }
+        _ => return O::RPROF_WALL_OBJECT_NONE.0,
+    };
+    let Ok(meta) = std::fs::metadata(format!("/proc/{}/fd/{fd}", t.pid)) else {
+        return O::RPROF_WALL_OBJECT_NONE.0;
+    };
+    let kind = meta.file_type();
+    if kind.is_socket() {
+        O::RPROF_WALL_OBJECT_SOCKET.0
+    } else if kind.is_fifo() {
+        O::RPROF_WALL_OBJECT_PIPE.0
+    } else if kind.is_file() {
+        O::RPROF_WALL_OBJECT_FILE.0
+    } else if kind.is_char_device() {
+        O::RPROF_WALL_OBJECT_DEVICE.0
+    } else {
+        O::RPROF_WALL_OBJECT_NONE.0
+    }
 }
 
 /// The state BPF saw `t`'s wait begin in, if it saw it; else `read`.
@@ -268,6 +336,7 @@ fn finish(mut header: types::rprof_sample_header, frames: Vec<types::rprof_frame
         hd.gc_time,
         hd.wall_state,
         hd.wall_syscall,
+        hd.wall_object,
     )
         .hash(&mut h);
     for f in &frames {
@@ -282,10 +351,19 @@ fn finish(mut header: types::rprof_sample_header, frames: Vec<types::rprof_frame
     }
 }
 
-/// The leaf frame that says what a thread was doing; `leaf` is the name of
-/// its leaf Ruby frame (the C method it waits in).
-pub fn state_label(state: u32, syscall: i32, leaf: Option<&str>) -> String {
-    let call = || syscall_name(syscall);
+/// The leaf frame that says what a thread was doing; `object` what its
+/// system call waits on; `leaf` the name of its leaf Ruby frame (the C
+/// method it waits in).
+pub fn state_label(state: u32, syscall: i32, object: u32, leaf: Option<&str>) -> String {
+    use types::rprof_wall_object as O;
+    let on = match O(object) {
+        O::RPROF_WALL_OBJECT_SOCKET => " (socket)",
+        O::RPROF_WALL_OBJECT_PIPE => " (pipe)",
+        O::RPROF_WALL_OBJECT_FILE => " (file)",
+        O::RPROF_WALL_OBJECT_DEVICE => " (device)",
+        _ => "",
+    };
+    let call = || format!("{}{on}", syscall_name(syscall));
     match types::rprof_wall_state(state) {
         S::RPROF_WALL_RUNNING => "[running]".to_string(),
         S::RPROF_WALL_RUNNABLE => "[runnable: CPU busy]".to_string(),
