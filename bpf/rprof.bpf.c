@@ -18,7 +18,8 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 #define EEXIST	  17
 #define CFP_BYTES (RPROF_CFP_CHUNK * RPROF_MAX_CFP_SIZE)
 /*
- * `len` clamped to `max` (a power of two), in a form the verifier can bound:
+ * `len` clamped to `max` (a power of two: any other loses bits of `len`), in a
+ * form the verifier can bound:
  * the barrier stops clang from dropping the mask it deems redundant.
  */
 #define CLAMPED(len, max)                                                                          \
@@ -1290,6 +1291,50 @@ struct wall_walk {
 	__u32 pad;
 };
 
+/* wall --kernel: the kernel stack of the thread leaving the CPU, taken
+ * in the switch program (the walk's function cannot take the task) for the
+ * walk to add after the Ruby frames. */
+struct wall_kstack {
+	__u64 n;
+	__u64 ips[RPROF_MAX_KERNEL];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct wall_kstack);
+} wall_kstacks SEC(".maps");
+
+/* wall --kernel: the kernel frames taken for this switch, after the Ruby
+ * frames in the record, mixed into `hash`. */
+static __always_inline __u64 wall_kernel_frames(struct scratch *s, __u64 hash)
+{
+	__u32 zero = 0, nruby = s->hdr.nframes, n;
+	struct wall_kstack *k = bpf_map_lookup_elem(&wall_kstacks, &zero);
+	__u64 off, len;
+
+	if (!k || !k->n)
+		return hash;
+	n = k->n < RPROF_MAX_KERNEL ? k->n : RPROF_MAX_KERNEL;
+	if (nruby > RPROF_MAX_FRAMES)
+		nruby = RPROF_MAX_FRAMES;
+	off = (__u64)nruby * sizeof(struct rprof_frame);
+	asm volatile("" : "+r"(off));
+	if (off > RUBY_BYTES)
+		return hash;
+	/* At most 1,016 bytes: a mask the verifier can bound (CLAMPED wants a
+	 * power of two, and KERNEL_BYTES is not one). */
+	len = (__u64)n * sizeof(__u64);
+	asm volatile("" : "+r"(len));
+	if (bpf_probe_read_kernel(s->body + off, len & 1023, k->ips))
+		return hash;
+	for (__u32 i = 0; i < RPROF_MAX_KERNEL && i < n; i++)
+		hash = mix(hash, k->ips[i]);
+	s->hdr.nkernel = n;
+	return hash;
+}
+
 /* The walk and the counting, in a global function: the verifier checks it
  * once, apart from its callers (a switch program with one walk inlined took
  * 1.6 s to verify, and with two did not fit in a million instructions).
@@ -1321,7 +1366,9 @@ __noinline __u64 wall_walk_count(struct wall_walk *r)
 	s->hdr.wall_syscall = r->syscall;
 	s->hdr.wall_object = r->object;
 	s->hdr.weight = 0;
-	finish(s, w.hash);
+	finish(s, kernel_stacks && !(s->hdr.flags & RPROF_SAMPLE_READ_FAILED)
+		      ? wall_kernel_frames(s, w.hash)
+		      : w.hash);
 	return s->hdr.hash;
 }
 
@@ -1510,6 +1557,14 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 
 	/* Preempted (or yielding), the thread stays ready to run. */
 	out = wall_out(prev, preempt || prev_state == 0, now, &walk);
+	if (kernel_stacks && out && walk.tgid) {
+		__u32 zero = 0;
+		struct wall_kstack *k = bpf_map_lookup_elem(&wall_kstacks, &zero);
+		long got = k ? bpf_get_task_stack(prev, k->ips, sizeof(k->ips), 0) : -1;
+
+		if (k)
+			k->n = got > 0 ? got / sizeof(__u64) : 0;
+	}
 	if (out && walk.tgid) {
 		out->hash = wall_walk_count(&walk);
 		open_wait(out, now, bpf_ktime_get_ns());

@@ -82,7 +82,7 @@ pub fn record(cfg: RecordConfig) -> Result<Option<ExitStatus>> {
     system::check_privileges()?;
     system::check_btf()?;
     cfg.event.check()?;
-    if cfg.event.is_wall() && (cfg.native || cfg.kernel) {
+    if cfg.event.is_wall() && cfg.native {
         return Err(UserError::WallNative.into());
     }
     let format = output_format(&cfg)?;
