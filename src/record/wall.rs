@@ -14,6 +14,7 @@
 //! the wait is still the one the sweep saw.
 
 use std::collections::hash_map::DefaultHasher;
+use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 
 use anyhow::Result;
@@ -38,6 +39,7 @@ const GC_TRIES: usize = 5;
 pub fn sweep(probe: &mut Probe, processes: &mut Processes, collector: &mut Collector) -> Result<()> {
     for pass in 0..2 {
         let mut seeded = false;
+        let mut lists = ThreadLists::default();
         for t in probe.wall_sweep()? {
             keep_named(&t, collector);
             for slot in t.slots.iter().filter(|s| s.pending != 0) {
@@ -49,7 +51,7 @@ pub fn sweep(probe: &mut Probe, processes: &mut Processes, collector: &mut Colle
             let Some(sample) = processes
                 .get(t.pid, t.start_ticks)
                 .and_then(|f| f.ruby.as_ref())
-                .and_then(|ruby| blocked_stack(&ruby.target, &t))
+                .and_then(|ruby| blocked_stack(&ruby.target, &t, &mut lists))
             else {
                 continue;
             };
@@ -147,8 +149,12 @@ fn header_of(pid: u32, start_ticks: u64, tid: u32) -> types::rprof_sample_header
 /// The record of `t`'s wait, blocked: its stack, read between two equal
 /// readings of the GC clock, and why it waits (as BPF saw it at switch-out,
 /// or read now for a wait the sweep opened).
-fn blocked_stack(target: &RubyTarget, t: &types::rprof_wall_thread) -> Option<Sample> {
-    let (mut header, frames) = blocked_record(target, t)?;
+fn blocked_stack(
+    target: &RubyTarget,
+    t: &types::rprof_wall_thread,
+    lists: &mut ThreadLists,
+) -> Option<Sample> {
+    let (mut header, frames) = blocked_record(target, t, lists)?;
     header.wall_object = object_now(target, t, &header);
     Some(finish(header, frames))
 }
@@ -157,6 +163,7 @@ fn blocked_stack(target: &RubyTarget, t: &types::rprof_wall_thread) -> Option<Sa
 fn blocked_record(
     target: &RubyTarget,
     t: &types::rprof_wall_thread,
+    lists: &mut ThreadLists,
 ) -> Option<(types::rprof_sample_header, Vec<types::rprof_frame>)> {
     let space: &dyn AddressSpace = &target.process;
     let clock = target.gc?;
@@ -166,7 +173,7 @@ fn blocked_record(
     } else {
         t.syscall as i32
     };
-    let Some(ec) = ec_of(target, t.tp) else {
+    let Some(ec) = ec_of(target, t.pid, t.tp, lists) else {
         header.flags |= types::rprof_sample_flags::RPROF_SAMPLE_NO_EC.0;
         header.wall_state = known_or(t, S::RPROF_WALL_OFF_CPU.0);
         return Some((header, Vec::new()));
@@ -260,15 +267,24 @@ fn known_or(t: &types::rprof_wall_thread, read: u32) -> u32 {
     }
 }
 
-/// The EC of the thread whose thread pointer is `tp`, as BPF finds it; None
-/// for a thread without one.
-fn ec_of(target: &RubyTarget, tp: u64) -> Option<u64> {
+/// Ruby 2.7 (no thread-local EC): each process's Ruby threads, read from its
+/// VM once a sweep, not once per thread (1,000 threads would be a million
+/// reads).
+#[derive(Default)]
+struct ThreadLists(HashMap<u32, Vec<(u64, u64)>>);
+
+/// The EC of thread `tp` of process `pid`, as BPF finds it; None for a
+/// thread without one.
+fn ec_of(target: &RubyTarget, pid: u32, tp: u64, lists: &mut ThreadLists) -> Option<u64> {
     let space: &dyn AddressSpace = &target.process;
     let at = match target.ec_access {
         // The GVL holder's: not this thread's unless it holds the GVL.
         EcAccess::Global { .. } => return None,
         EcAccess::ThreadMap { .. } => {
-            let threads = target.ruby_threads().ok()?;
+            let threads = lists
+                .0
+                .entry(pid)
+                .or_insert_with(|| target.ruby_threads().unwrap_or_default());
             let th = threads.iter().find(|&&(p, _)| p == tp)?.1;
             th + u64::from(target.layout.thread.ec)
         }
