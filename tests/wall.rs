@@ -615,3 +615,35 @@ fn kernel_frames_of_the_blocking_call() {
         "{with_call} of {blocked} us blocked with the call's kernel frames:\n{report}"
     );
 }
+
+/// A thread that runs in one method and always leaves the CPU in another
+/// (run_then_sleep.rb): its running time is where it ran, which CPU samples
+/// find, not where it blocks (counting each slice to the stack it left the
+/// CPU in put most of it under `rest`).
+#[test]
+fn running_time_where_it_ran() {
+    let target = Ruby::host().spawn("run_then_sleep.rb", &[]);
+    let run = record(target.pid, &["-d", "3", "wall"]);
+    assert!(run.success, "{}", run.stderr);
+    let f = run.folded.of_thread(target.get("worker"));
+    let report = stacks_of(&f);
+    let running_in = |method: &str| -> u64 {
+        f.stacks
+            .iter()
+            .filter(|(s, _)| {
+                s.last().is_some_and(|l| l == "[running]") && s.iter().any(|fr| label(fr) == method)
+            })
+            .map(|(_, n)| n)
+            .sum()
+    };
+    let (work, rest) = (running_in("Object#work"), running_in("Object#rest"));
+    let share = 100.0 * work as f64 / (work + rest).max(1) as f64;
+    eprintln!("running time where it ran: {share:.1}% in work ({work} us), {rest} us in rest");
+    // The thread spends 5 ms in work for each sleep; sleep's own Ruby code
+    // runs for microseconds.
+    assert!(work > 1_000_000, "{work} us running in work:\n{report}");
+    assert!(
+        share >= 90.0,
+        "{share:.1}% of the running time in work:\n{report}"
+    );
+}
