@@ -144,6 +144,7 @@ struct rprof_wall_task rprof_wall_task_type;
 struct rprof_wall_thread rprof_wall_thread_type;
 struct rprof_wall_slot rprof_wall_slot_type;
 struct rprof_wall_seed rprof_wall_seed_type;
+struct rprof_kernel_stack rprof_kernel_stack_type;
 enum rprof_wall_state rprof_wall_state_type;
 enum rprof_wall_object rprof_wall_object_type;
 enum rprof_cfa_kind rprof_cfa_kind_type;
@@ -661,6 +662,29 @@ static __always_inline __u64 start_ticks(struct task_struct *leader)
 }
 
 #include "native.bpf.h"
+
+/* The offset in a record's body just after its Ruby frames, and after
+ * `nnative` native frames; false if over `limit` (never: the counts are
+ * clamped, but the verifier wants the check where the offset is used, and
+ * the tightest bound: a looser one made the native program too large). */
+static __always_inline bool body_after(struct scratch *s, __u32 nnative, const __u64 limit,
+				       __u64 *off)
+{
+	__u32 nruby = s->hdr.nframes;
+	__u64 o;
+
+	if (nruby > RPROF_MAX_FRAMES)
+		nruby = RPROF_MAX_FRAMES;
+	if (nnative > RPROF_MAX_NATIVE)
+		nnative = RPROF_MAX_NATIVE;
+	o = (__u64)nruby * sizeof(struct rprof_frame) +
+	    (__u64)nnative * sizeof(struct rprof_native_frame);
+	asm volatile("" : "+r"(o));
+	if (o > limit)
+		return false;
+	*off = o;
+	return true;
+}
 
 /* With --native and --kernel: the native and kernel stacks of this event,
  * after the Ruby frames in the record's body, mixed into its hash. */
@@ -1291,38 +1315,27 @@ struct wall_walk {
 	__u32 pad;
 };
 
-/* wall --kernel: the kernel stack of the thread leaving the CPU, taken
- * in the switch program (the walk's function cannot take the task) for the
+/* wall --kernel: the kernel stack of the thread leaving the CPU, taken in
+ * the switch program (the walk's function cannot take the task) for the
  * walk to add after the Ruby frames. */
-struct wall_kstack {
-	__u64 n;
-	__u64 ips[RPROF_MAX_KERNEL];
-};
-
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, 1);
 	__type(key, __u32);
-	__type(value, struct wall_kstack);
+	__type(value, struct rprof_kernel_stack);
 } wall_kstacks SEC(".maps");
 
-/* wall --kernel: the kernel frames taken for this switch, after the Ruby
- * frames in the record, mixed into `hash`. */
-static __always_inline __u64 wall_kernel_frames(struct scratch *s, __u64 hash)
+/* wall --kernel: the kernel frames taken for this switch, at `off` in the
+ * record's body, mixed into `hash`. */
+static __always_inline __u64 wall_kernel_frames(struct scratch *s, __u64 off, __u64 hash)
 {
-	__u32 zero = 0, nruby = s->hdr.nframes, n;
-	struct wall_kstack *k = bpf_map_lookup_elem(&wall_kstacks, &zero);
-	__u64 off, len;
+	__u32 zero = 0, n;
+	struct rprof_kernel_stack *k = bpf_map_lookup_elem(&wall_kstacks, &zero);
+	__u64 len;
 
 	if (!k || !k->n)
 		return hash;
 	n = k->n < RPROF_MAX_KERNEL ? k->n : RPROF_MAX_KERNEL;
-	if (nruby > RPROF_MAX_FRAMES)
-		nruby = RPROF_MAX_FRAMES;
-	off = (__u64)nruby * sizeof(struct rprof_frame);
-	asm volatile("" : "+r"(off));
-	if (off > RUBY_BYTES)
-		return hash;
 	/* At most 1,016 bytes: a mask the verifier can bound (CLAMPED wants a
 	 * power of two, and KERNEL_BYTES is not one). */
 	len = (__u64)n * sizeof(__u64);
@@ -1332,6 +1345,41 @@ static __always_inline __u64 wall_kernel_frames(struct scratch *s, __u64 hash)
 	for (__u32 i = 0; i < RPROF_MAX_KERNEL && i < n; i++)
 		hash = mix(hash, k->ips[i]);
 	s->hdr.nkernel = n;
+	return hash;
+}
+
+/* wall --native/--kernel: the stacks beyond Ruby's of the thread leaving
+ * the CPU (the current task), for the record in this CPU's tracepoint
+ * slot; a function of its own, which the verifier checks apart from the
+ * walk. Returns the record's hash with them. It repeats other_stacks's
+ * native part: with body_after there, the CPU sample's native program
+ * (--native alone) went over the verifier's million instructions. */
+__noinline __u64 wall_other_stacks(__u32 tgid)
+{
+	__u32 slot = bpf_get_smp_processor_id() * 2 + 1;
+	struct scratch *s = bpf_map_lookup_elem(&scratch, &slot);
+	struct rprof_proc *p = bpf_map_lookup_elem(&procs, &tgid);
+
+	struct unwind_ctx u = {};
+	__u32 nnative = 0, stat;
+	__u64 hash, off;
+
+	if (!s)
+		return 0;
+	hash = s->ruby_hash;
+	if (!p)
+		return hash;
+	if (native_stacks && body_after(s, 0, RUBY_BYTES, &off)) {
+		nnative = unwind_native(&u, (struct rprof_native_frame *)(s->body + off),
+					p->native_space);
+		hash = mix(mix(hash, u.hash), u.stop);
+		stat = RPROF_STAT_NATIVE_STOP + (u.stop < RPROF_NATIVE_STOP_MAX ? u.stop : 0);
+		stat_inc(stat);
+		s->hdr.nnative = nnative;
+		s->hdr.native_stop = u.stop;
+	}
+	if (kernel_stacks && body_after(s, nnative, RUBY_BYTES + NATIVE_BYTES, &off))
+		hash = wall_kernel_frames(s, off, hash);
 	return hash;
 }
 
@@ -1366,9 +1414,8 @@ __noinline __u64 wall_walk_count(struct wall_walk *r)
 	s->hdr.wall_syscall = r->syscall;
 	s->hdr.wall_object = r->object;
 	s->hdr.weight = 0;
-	finish(s, kernel_stacks && !(s->hdr.flags & RPROF_SAMPLE_READ_FAILED)
-		      ? wall_kernel_frames(s, w.hash)
-		      : w.hash);
+	s->ruby_hash = w.hash;
+	finish(s, native_stacks || kernel_stacks ? wall_other_stacks(tgid) : w.hash);
 	return s->hdr.hash;
 }
 
@@ -1559,7 +1606,7 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 	out = wall_out(prev, preempt || prev_state == 0, now, &walk);
 	if (kernel_stacks && out && walk.tgid) {
 		__u32 zero = 0;
-		struct wall_kstack *k = bpf_map_lookup_elem(&wall_kstacks, &zero);
+		struct rprof_kernel_stack *k = bpf_map_lookup_elem(&wall_kstacks, &zero);
 		long got = k ? bpf_get_task_stack(prev, k->ips, sizeof(k->ips), 0) : -1;
 
 		if (k)
@@ -1573,6 +1620,42 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 	}
 	wall_in(next, now);
 	return 0;
+}
+
+/* wall --kernel: the kernel stack of each blocked thread whose stack
+ * userspace is to read (by thread id; userspace deletes what it took). The
+ * thread cannot leave its wait before userspace reads: if it does, the seed
+ * is refused (its mark changed) and the stack unused. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, __u32);
+	__type(value, struct rprof_kernel_stack);
+} wall_seed_kstacks SEC(".maps");
+
+/* The sweep's own buffer (a switch on this CPU may preempt it and use
+ * wall_kstacks). */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct rprof_kernel_stack);
+} wall_sweep_kstack SEC(".maps");
+
+/* wall --kernel: `task`'s kernel stack, for userspace to add to the stack it
+ * reads (a blocked task: the stack of the call it blocks in). */
+static __always_inline void seed_kernel_stack(struct task_struct *task, __u32 tid)
+{
+	__u32 zero = 0;
+	struct rprof_kernel_stack *k = bpf_map_lookup_elem(&wall_sweep_kstack, &zero);
+	long got;
+
+	if (!kernel_stacks || !k)
+		return;
+	got = bpf_get_task_stack(task, k->ips, sizeof(k->ips), 0);
+	k->n = got > 0 ? got / sizeof(__u64) : 0;
+	bpf_map_update_elem(&wall_seed_kstacks, &tid, k, BPF_ANY);
 }
 
 /* wall: each slot's pending time taken, for userspace to share among the
@@ -1653,6 +1736,8 @@ int wall_sweep(struct bpf_iter__task *ctx)
 		out.hash = e->hash;
 		sweep_slots(e, &out);
 	}
+	if (out.needs_stack)
+		seed_kernel_stack(task, tid);
 	bpf_seq_write(ctx->meta->seq, &out, sizeof(out));
 	return 0;
 }

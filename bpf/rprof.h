@@ -266,6 +266,8 @@ enum rprof_native_stop {
 	RPROF_NATIVE_TRUNCATED = 6,   /* deeper than RPROF_MAX_NATIVE: the root end is cut */
 	RPROF_NATIVE_NO_SPACE = 7,    /* the process's mappings are not known yet */
 	RPROF_NATIVE_JIT = 8,	      /* JIT code, and no frame pointer through it */
+	RPROF_NATIVE_NOT_READ = 9,    /* wall: a wait's stack read from userspace, which cannot
+				       * unwind natively (a thread blocked before rprof saw it) */
 	RPROF_NATIVE_STOP_MAX,
 };
 
@@ -426,6 +428,13 @@ struct rprof_wall_task {
 
 /* wall: a wait's stack, read by userspace, for the open wait that began at
  * `mark` (key: tid). */
+/* wall --kernel: a thread's kernel stack, leaf first, taken as it leaves
+ * the CPU or, for a thread blocked when the sweep finds it, by the sweep. */
+struct rprof_kernel_stack {
+	__u64 n;
+	__u64 ips[RPROF_MAX_KERNEL];
+};
+
 struct rprof_wall_seed {
 	__u64 mark;
 	__u64 hash;

@@ -37,6 +37,7 @@ unsafe impl plain::Plain for types::rprof_followed {}
 unsafe impl plain::Plain for types::rprof_native_frame {}
 unsafe impl plain::Plain for types::rprof_unwind_row {}
 unsafe impl plain::Plain for types::rprof_unwind_rule {}
+unsafe impl plain::Plain for types::rprof_kernel_stack {}
 unsafe impl plain::Plain for types::rprof_unwind_file {}
 unsafe impl plain::Plain for types::rprof_space {}
 unsafe impl plain::Plain for types::rprof_thread_pointer {}
@@ -121,6 +122,9 @@ pub struct Probe {
     /// `wall` is attached: processes added from now on are accounted from
     /// when they are added.
     wall_started: bool,
+    /// What a stack holds beyond Ruby's frames (--native, --kernel).
+    native: bool,
+    kernel: bool,
 }
 
 /// Ring buffer size: room for a few hundred deep stacks between two polls.
@@ -225,6 +229,8 @@ impl Probe {
             links: Vec::new(),
             epoch: 0,
             wall_started: false,
+            native: options.native_rows.is_some(),
+            kernel: options.kernel,
         })
     }
 
@@ -483,6 +489,27 @@ impl Probe {
     /// the threads (`wall_sweep`).
     pub fn wall_sweep(&self) -> Result<Vec<types::rprof_wall_thread>> {
         run_iter(&self.skel.progs.wall_sweep, "sweeping the followed threads")
+    }
+
+    /// Whether stacks hold native frames (--native) and kernel frames
+    /// (--kernel).
+    pub fn stacks_beyond_ruby(&self) -> (bool, bool) {
+        (self.native, self.kernel)
+    }
+
+    /// `wall --kernel`: the kernel stack (leaf first) the last sweep took of
+    /// blocked thread `tid`, whose stack it asked userspace for; taken out.
+    pub fn seed_kernel_stack(&mut self, tid: u32) -> Vec<u64> {
+        let key = tid.to_ne_bytes();
+        let map = &self.skel.maps.wall_seed_kstacks;
+        let Ok(Some(bytes)) = map.lookup_and_delete(&key) else {
+            return Vec::new();
+        };
+        let mut k = types::rprof_kernel_stack::default();
+        if plain::copy_from_bytes(&mut k, &bytes).is_err() {
+            return Vec::new();
+        }
+        k.ips[..(k.n as usize).min(k.ips.len())].to_vec()
     }
 
     /// `wall`: the stack `hash` of thread `tid`'s wait that began at

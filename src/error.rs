@@ -61,7 +61,4 @@ pub enum UserError {
 
     #[error("cannot tell the format of {path} from its extension: give --format (svg, flame, folded, speedscope, pprof, summary, rprof)")]
     UnknownExtension { path: String },
-
-    #[error("wall does not take --native yet: record wall without it (--kernel works), or cpu with it")]
-    WallNative,
 }

@@ -257,20 +257,3 @@ fn an_output_that_cannot_be_written_is_said_before_recording() {
     let out = rprof(&["report", "-i", "/nonexistent/rec.rprof"]);
     assert!(error_line(&out).contains("reading /nonexistent/rec.rprof"));
 }
-
-/// `wall` with --native is not built yet: one line that says what works.
-#[test]
-fn wall_with_native_says_what_works() {
-    let target = Ruby::host().spawn("idle.rb", &[]);
-    let line = error_line(&rprof(&[
-        "record",
-        "-p",
-        &target.pid.to_string(),
-        "-d",
-        "1",
-        "--native",
-        "wall",
-    ]));
-    assert!(line.contains("wall does not take --native yet"), "{line}");
-    assert!(line.contains("--kernel works"), "{line}");
-}

@@ -50,14 +50,91 @@ fn thread(run: &Folded, target: &common::Target, name: &str) -> Folded {
     }
 }
 
+/// How a wall_states.rb recording is made.
+#[derive(Clone, Copy, PartialEq)]
+enum Parked {
+    Alone,
+    /// Every CPU busy.
+    Busy,
+    /// With `--native --kernel`.
+    Stitched,
+}
+
+/// The kernel frames of a `--kernel` stack, root first: those just before
+/// its state (the leaf).
+fn kernel_frames(s: &[String]) -> &[String] {
+    let before = &s[..s.len().saturating_sub(1)];
+    let n = before.iter().rev().take_while(|f| f.ends_with("_[k]")).count();
+    &before[before.len() - n..]
+}
+
+/// Whether `s` ends, before its state, in the kernel frames of a system
+/// call (root first: its entry, then `sys_NAME`) and, below those, native
+/// frames, or the marker of a stack rprof read from userspace (which has
+/// none).
+fn stitched_to_the_call(s: &[String]) -> bool {
+    let kernel = kernel_frames(s);
+    let called = kernel.first().is_some_and(|k| k.starts_with("entry_SYSCALL"))
+        && kernel.iter().any(|k| k.contains("sys_"));
+    let below = s.len().checked_sub(kernel.len() + 2).map(|i| &s[i]);
+    called
+        && below.is_some_and(|f| {
+            f.ends_with("_[n]") || f == "[native unwind stopped: stack read from userspace while blocked]"
+        })
+}
+
+/// A spinning thread's GVL waits, stitched (wall_states.rb): each ends in
+/// the futex it sleeps on, below its native frames, walked as it left the
+/// CPU. Only a wait under way when rprof attached has its stack read from
+/// userspace, with no native frames: at most one of Ruby's 100 ms time
+/// slices.
+fn gvl_waits_stitched(f: &Folded, report: &str) {
+    let waits = || {
+        f.stacks
+            .iter()
+            .filter(|(s, _)| s.last().is_some_and(|l| l == "[waiting for the GVL]"))
+    };
+    let on_futex =
+        |s: &[String]| stitched_to_the_call(s) && kernel_frames(s).iter().any(|k| k.contains("futex"));
+    let native = |s: &[String]| s[s.len() - kernel_frames(s).len() - 2].ends_with("_[n]");
+    let all: u64 = waits().map(|(_, n)| n).sum();
+    let walked: u64 = waits()
+        .filter(|(s, _)| on_futex(s) && native(s))
+        .map(|(_, n)| n)
+        .sum();
+    let read: u64 = waits()
+        .filter(|(s, _)| on_futex(s) && !native(s))
+        .map(|(_, n)| n)
+        .sum();
+    eprintln!("GVL waits: {walked} of {all} us walked, {read} us read from userspace");
+    assert!(all > 0, "{report} (never waiting for the GVL)");
+    assert!(
+        read <= 150_000,
+        "{report} ({read} us of GVL waits with no native frames)"
+    );
+    // Measured: walked and read add up to every GVL wait in 24 threads'
+    // recordings (4 runs on 2.7, 3.1 and 3.4, one with both CPUs busy); read
+    // from userspace at most 87 ms (a time slice's rest when rprof attached).
+    assert!(
+        walked * 100 >= (all - read) * 99,
+        "{report} ({walked} of {all} us waiting for the GVL with native and kernel frames, {read} read from userspace)"
+    );
+}
+
 /// wall_states.rb on `ruby`: each parked thread waits in its state under its
 /// own method, the two spinning threads share the GVL, and every thread's
-/// time adds up to the recording's.
-fn parked_threads(ruby: &Ruby, busy: bool) {
+/// time adds up to the recording's. Stitched, each wait ends in the kernel
+/// frames of its call, and a wait rprof saw begin has its native frames.
+fn parked_threads(ruby: &Ruby, how: Parked) {
     let target = ruby.spawn("wall_states.rb", &[]);
-    let _busy = busy.then(Busy::start);
+    let _busy = (how == Parked::Busy).then(Busy::start);
     let seconds = SECONDS.to_string();
-    let run = record(target.pid, &["-d", &seconds, "wall"]);
+    let mut args = vec!["-d", &seconds];
+    if how == Parked::Stitched {
+        args.extend(["--native", "--kernel"]);
+    }
+    args.push("wall");
+    let run = record(target.pid, &args);
     assert!(run.success, "Ruby {}: {}", ruby.name, run.stderr);
     let report = |what: &str, f: &Folded| {
         let lines: Vec<String> = f
@@ -86,7 +163,8 @@ fn parked_threads(ruby: &Ruby, busy: bool) {
             report(name, &f)
         );
     }
-    // Each parked thread: 95% or more in its state, under its own method.
+    // Each parked thread: 95% or more in its state, under its own method
+    // (stitched: and in the kernel frames of its call).
     let parked: [(&str, &str, &IsState); 6] = [
         ("sleeper", "Object#nap", &|l| l == "[sleeping]"),
         ("holder", "Object#hold", &|l| l == "[sleeping]"),
@@ -108,7 +186,8 @@ fn parked_threads(ruby: &Ruby, busy: bool) {
         let under = f
             .stacks
             .iter()
-            .filter(|(s, _)| s.last().is_some_and(|l| state(l)) && s.iter().any(|fr| label(fr) == method));
+            .filter(|(s, _)| s.last().is_some_and(|l| state(l)) && s.iter().any(|fr| label(fr) == method))
+            .filter(|(s, _)| how != Parked::Stitched || stitched_to_the_call(s));
         let n: u64 = under.map(|(_, n)| n).sum();
         let pct = 100.0 * n as f64 / f.total().max(1) as f64;
         assert!(
@@ -138,44 +217,64 @@ fn parked_threads(ruby: &Ruby, busy: bool) {
             "Ruby {} {name}: holding {holding:.1}% (running {running:.1}%), GVL {gvl:.1}%",
             ruby.name
         );
+        if how == Parked::Stitched {
+            gvl_waits_stitched(&f, &report(name, &f));
+        }
     }
 }
 
 #[test]
 fn parked_threads_ruby_2_7() {
-    parked_threads(&Ruby::named("2.7"), false);
+    parked_threads(&Ruby::named("2.7"), Parked::Alone);
 }
 
 #[test]
 fn parked_threads_ruby_3_1() {
-    parked_threads(&Ruby::host(), false);
+    parked_threads(&Ruby::host(), Parked::Alone);
 }
 
 #[test]
 fn parked_threads_ruby_3_1_static() {
-    parked_threads(&Ruby::named("3.1-static"), false);
+    parked_threads(&Ruby::named("3.1-static"), Parked::Alone);
 }
 
 #[test]
 fn parked_threads_ruby_3_3() {
-    parked_threads(&Ruby::named("3.3"), false);
+    parked_threads(&Ruby::named("3.3"), Parked::Alone);
 }
 
 #[test]
 fn parked_threads_ruby_3_3_yjit() {
-    parked_threads(&Ruby::named("3.3-yjit"), false);
+    parked_threads(&Ruby::named("3.3-yjit"), Parked::Alone);
 }
 
 #[test]
 fn parked_threads_ruby_3_4() {
-    parked_threads(&Ruby::named("3.4"), false);
+    parked_threads(&Ruby::named("3.4"), Parked::Alone);
+}
+
+/// With `--native --kernel`: every wait ends in the kernel frames of its
+/// system call, below its native frames where rprof saw the wait begin.
+#[test]
+fn parked_threads_stitched_ruby_2_7() {
+    parked_threads(&Ruby::named("2.7"), Parked::Stitched);
+}
+
+#[test]
+fn parked_threads_stitched_ruby_3_1() {
+    parked_threads(&Ruby::host(), Parked::Stitched);
+}
+
+#[test]
+fn parked_threads_stitched_ruby_3_4() {
+    parked_threads(&Ruby::named("3.4"), Parked::Stitched);
 }
 
 /// Every CPU busy: the spinning threads are preempted while they hold the
 /// GVL (`[runnable: CPU busy]`), and the parked ones still wait where they do.
 #[test]
 fn parked_threads_on_a_busy_machine() {
-    parked_threads(&Ruby::host(), true);
+    parked_threads(&Ruby::host(), Parked::Busy);
 }
 
 /// A backend that answers each connection's byte with one, `delay` later.
@@ -646,4 +745,79 @@ fn running_time_where_it_ran() {
         share >= 90.0,
         "{share:.1}% of the running time in work:\n{report}"
     );
+}
+
+/// speedscope: a thread's profile is in time order, half a second (an
+/// epoch) at a time. phases.rb's worker sleeps 1.5 s in `first`, then 1.5 s
+/// in `second`, over and over: in its samples, in file order, the two
+/// methods alternate in runs of at most a phase. Every phase holds a whole
+/// epoch of its own (epochs are 0.5 s, a little more on a busy machine), so
+/// two phases of one method never merge, whatever the order within the
+/// epochs they share; a profile in stack order would have one run of each,
+/// of about 2.5 s.
+#[test]
+fn speedscope_thread_in_time_order() {
+    let target = Ruby::host().spawn("phases.rb", &[]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let json = dir.path().join("wall.speedscope.json");
+    let out = json.to_str().expect("utf-8 path");
+    let pid = target.pid.to_string();
+    let run = Command::new(common::RPROF)
+        .args(["record", "-p", &pid, "-d", "5", "-o", out, "wall"])
+        .output()
+        .expect("run rprof");
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).expect("json")).expect("json");
+    let frames: Vec<&str> = doc["shared"]["frames"]
+        .as_array()
+        .expect("frames")
+        .iter()
+        .map(|f| f["name"].as_str().expect("frame name"))
+        .collect();
+    let worker = format!("[{}]", target.get("worker"));
+    let profile = doc["profiles"]
+        .as_array()
+        .expect("profiles")
+        .iter()
+        .find(|p| p["name"].as_str().is_some_and(|n| n.ends_with(&worker)))
+        .expect("the worker's profile");
+    let weights = profile["weights"].as_array().expect("weights");
+    // (method, ns) runs, in file order.
+    let mut runs: Vec<(&str, u64)> = Vec::new();
+    for (sample, w) in profile["samples"]
+        .as_array()
+        .expect("samples")
+        .iter()
+        .zip(weights)
+    {
+        let names: Vec<&str> = sample
+            .as_array()
+            .expect("sample")
+            .iter()
+            .map(|i| frames[i.as_u64().expect("index") as usize])
+            .collect();
+        let Some(method) = ["Object#first", "Object#second"]
+            .into_iter()
+            .find(|m| names.iter().any(|n| n.starts_with(m)))
+        else {
+            continue;
+        };
+        let ns = w.as_u64().expect("weight");
+        match runs.last_mut() {
+            Some((m, total)) if *m == method => *total += ns,
+            _ => runs.push((method, ns)),
+        }
+    }
+    let report = format!(
+        "runs (method, ms): {:?}",
+        runs.iter()
+            .map(|(m, ns)| (*m, ns / 1_000_000))
+            .collect::<Vec<_>>()
+    );
+    eprintln!("{report}");
+    // 5 s of 1.5 s phases: 4 or 5 runs, the first and last partial.
+    assert!(runs.len() >= 4, "{report}");
+    // A run is at most a phase: 1.5 s and the sleep's wakeup.
+    assert!(runs.iter().all(|(_, ns)| *ns <= 1_600_000_000), "{report}");
 }

@@ -18,7 +18,6 @@ use anyhow::Result;
 
 use crate::bpf::{self, Probe};
 use crate::cli::Format;
-use crate::error::UserError;
 use crate::launch::StopSignals;
 use crate::pace::{Every, Pace};
 use crate::processes::Processes;
@@ -82,9 +81,6 @@ pub fn record(cfg: RecordConfig) -> Result<Option<ExitStatus>> {
     system::check_privileges()?;
     system::check_btf()?;
     cfg.event.check()?;
-    if cfg.event.is_wall() && cfg.native {
-        return Err(UserError::WallNative.into());
-    }
     let format = output_format(&cfg)?;
 
     let native_rows = cfg.native.then(|| {

@@ -48,10 +48,11 @@ pub fn sweep(probe: &mut Probe, processes: &mut Processes, collector: &mut Colle
             if t.needs_stack == 0 {
                 continue;
             }
+            let beyond = Beyond::of(probe, t.tid);
             let Some(sample) = processes
                 .get(t.pid, t.start_ticks)
                 .and_then(|f| f.ruby.as_ref())
-                .and_then(|ruby| blocked_stack(&ruby.target, &t, &mut lists))
+                .and_then(|ruby| blocked_stack(&ruby.target, &t, &mut lists, beyond))
             else {
                 continue;
             };
@@ -125,7 +126,7 @@ pub fn unsampled(kind: WallKind, ns: u64) -> Sample {
     header.flags = types::rprof_sample_flags::RPROF_SAMPLE_DIRECT.0
         | types::rprof_sample_flags::RPROF_SAMPLE_UNSAMPLED.0;
     header.weight = ns;
-    finish(header, Vec::new())
+    finish(header, Vec::new(), &[])
 }
 
 /// A record's header for thread `tid` of a process, with the thread's name.
@@ -146,6 +147,34 @@ fn header_of(pid: u32, start_ticks: u64, tid: u32) -> types::rprof_sample_header
     header
 }
 
+/// What a blocked thread's record holds beyond its Ruby frames: the kernel
+/// stack the sweep took (--kernel), and with --native, why it has no native
+/// frames (userspace cannot unwind them: that takes the thread's registers
+/// and the unwind tables BPF has).
+#[derive(Default)]
+struct Beyond {
+    kernel: Vec<u64>,
+    native_stop: u32,
+}
+
+impl Beyond {
+    fn of(probe: &mut Probe, tid: u32) -> Self {
+        let (native, kernel) = probe.stacks_beyond_ruby();
+        Self {
+            kernel: if kernel {
+                probe.seed_kernel_stack(tid)
+            } else {
+                Vec::new()
+            },
+            native_stop: if native {
+                types::rprof_native_stop::RPROF_NATIVE_NOT_READ.0
+            } else {
+                0
+            },
+        }
+    }
+}
+
 /// The record of `t`'s wait, blocked: its stack, read between two equal
 /// readings of the GC clock, and why it waits (as BPF saw it at switch-out,
 /// or read now for a wait the sweep opened).
@@ -153,10 +182,15 @@ fn blocked_stack(
     target: &RubyTarget,
     t: &types::rprof_wall_thread,
     lists: &mut ThreadLists,
+    beyond: Beyond,
 ) -> Option<Sample> {
     let (mut header, frames) = blocked_record(target, t, lists)?;
     header.wall_object = object_now(target, t, &header);
-    Some(finish(header, frames))
+    header.native_stop = beyond.native_stop;
+    header.nkernel = beyond.kernel.len() as u32;
+    let mut sample = finish(header, frames, &beyond.kernel);
+    sample.kernel = beyond.kernel;
+    Some(sample)
 }
 
 /// `blocked_stack`'s header and frames.
@@ -341,7 +375,7 @@ fn reason(target: &RubyTarget, th: u64) -> u32 {
 }
 
 /// The record, with a hash of everything in it (as BPF's covers).
-fn finish(mut header: types::rprof_sample_header, frames: Vec<types::rprof_frame>) -> Sample {
+fn finish(mut header: types::rprof_sample_header, frames: Vec<types::rprof_frame>, kernel: &[u64]) -> Sample {
     let mut h = DefaultHasher::new();
     let hd = &header;
     (
@@ -353,11 +387,13 @@ fn finish(mut header: types::rprof_sample_header, frames: Vec<types::rprof_frame
         hd.wall_state,
         hd.wall_syscall,
         hd.wall_object,
+        hd.native_stop,
     )
         .hash(&mut h);
     for f in &frames {
         (f.iseq, f.pc, f.cme, f.flags).hash(&mut h);
     }
+    kernel.hash(&mut h);
     header.hash = h.finish();
     Sample {
         header,

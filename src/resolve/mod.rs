@@ -712,6 +712,7 @@ fn native_stop_reason(stop: u32) -> Option<&'static str> {
         S::RPROF_NATIVE_TRUNCATED => "too deep",
         S::RPROF_NATIVE_NO_SPACE => "mappings unknown",
         S::RPROF_NATIVE_JIT => "JIT code",
+        S::RPROF_NATIVE_NOT_READ => "stack read from userspace while blocked",
         _ => "unknown reason",
     })
 }
