@@ -147,6 +147,7 @@ struct rprof_wall_seed rprof_wall_seed_type;
 struct rprof_kernel_stack rprof_kernel_stack_type;
 enum rprof_wall_state rprof_wall_state_type;
 enum rprof_wall_object rprof_wall_object_type;
+enum rprof_gc_state rprof_gc_state_type;
 enum rprof_cfa_kind rprof_cfa_kind_type;
 enum rprof_rbp_kind rprof_rbp_kind_type;
 enum rprof_file_flags rprof_file_flags_type;
@@ -494,7 +495,7 @@ static __always_inline void walk_stack(struct walk_ctx *w, __u64 ec, __u64 tp)
  * runs BPF, so the time read now also describes them (src/gc_time.rs). The
  * flags are read before the count, as the GC writes the count first. */
 static __always_inline int read_gc_time(struct rprof_proc *p, struct scratch *s, __u64 *time,
-					__u32 *sample_flags)
+					__u32 *sample_flags, __u32 *gc_flags)
 {
 	__u64 span = p->gc_count_addr - p->gc_flags_addr;
 	__u32 flags = 0;
@@ -522,7 +523,36 @@ static __always_inline int read_gc_time(struct rprof_proc *p, struct scratch *s,
 	/* Compaction moves objects past marking without a new count. */
 	if ((flags & RPROF_GC_DURING_COMPACTING) && !marking)
 		*sample_flags |= RPROF_SAMPLE_GC_MOVING;
+	*gc_flags = flags;
 	return 0;
+}
+
+/* What the collection under way (objspace `flags`) is doing, if thread `th`
+ * runs it: a collection runs on the thread holding the GVL, and any other
+ * thread on a CPU meanwhile runs without it (a blocking region). */
+static __always_inline __u32 gc_state_of(struct rprof_proc *p, __u32 flags, __u64 th)
+{
+	__u32 mode = flags & RPROF_GC_MODE_MASK;
+	__u64 base = 0, holder = 0;
+
+	if (!(flags & RPROF_GC_DURING_GC))
+		return RPROF_GC_NONE;
+	if (p->th_gvl_base) {
+		if (!th ||
+		    bpf_probe_read_user(&base, sizeof(base), (void *)(th + p->th_gvl_base)) ||
+		    !base ||
+		    bpf_probe_read_user(&holder, sizeof(holder), (void *)(base + p->gvl_holder)) ||
+		    holder != th)
+			return RPROF_GC_NONE;
+	}
+	if ((flags & RPROF_GC_DURING_COMPACTING) && mode != RPROF_GC_MODE_MARKING)
+		return RPROF_GC_COMPACTING;
+	if (mode == RPROF_GC_MODE_MARKING)
+		return (flags >> (p->gc_minor_bit & 31)) & 1 ? RPROF_GC_MARKING_MINOR
+							     : RPROF_GC_MARKING_MAJOR;
+	if (mode == RPROF_GC_MODE_SWEEPING)
+		return RPROF_GC_SWEEPING;
+	return RPROF_GC_OTHER;
 }
 
 /* Records do not wake userspace: its recording loop reads the buffer at
@@ -740,7 +770,8 @@ static __always_inline void finish(struct scratch *s, __u64 frames_hash)
 			    h->gc_time),
 			h->ruby_thread),
 		    h->start_ticks),
-		((__u64)(h->wall_state | h->wall_object << 8) << 32) | (__u32)h->wall_syscall));
+		((__u64)(h->wall_state | h->wall_object << 8 | h->gc_state << 16) << 32) |
+		    (__u32)h->wall_syscall));
 	count_stack(s);
 }
 
@@ -763,6 +794,7 @@ static __always_inline void begin(struct scratch *s, struct rprof_proc *p, __u32
 	s->hdr.wall_state = 0;
 	s->hdr.wall_syscall = -1;
 	s->hdr.wall_object = 0;
+	s->hdr.gc_state = 0;
 	s->hdr.weight = 1;
 	s->hdr.comm[0] = 0;
 }
@@ -780,9 +812,13 @@ static __always_inline void read_stack(struct walk_ctx *w, struct task_struct *t
 		s->hdr.flags |= RPROF_SAMPLE_NO_EC;
 		stat_inc(RPROF_STAT_NO_EC);
 	} else {
+		__u32 gc_flags = 0;
+
 		walk_stack(w, ec, tp);
-		if (w->out && read_gc_time(w->p, s, &s->hdr.gc_time, &s->hdr.flags))
+		if (w->out && read_gc_time(w->p, s, &s->hdr.gc_time, &s->hdr.flags, &gc_flags))
 			s->hdr.flags |= RPROF_SAMPLE_READ_FAILED;
+		else
+			s->hdr.gc_state = gc_state_of(w->p, gc_flags, w->th);
 	}
 	if (s->hdr.flags & RPROF_SAMPLE_READ_FAILED) {
 		stat_inc(RPROF_STAT_READ_FAILED);

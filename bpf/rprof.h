@@ -98,6 +98,8 @@ struct rprof_proc {
 	 * in bits 0-1) and objspace->profile.count, absolute addresses. */
 	__u64 gc_flags_addr;
 	__u64 gc_count_addr;
+	/* objspace->flags' during_minor_gc bit: 9 (2.7, 3.1) or 10 (3.2+) */
+	__u32 gc_minor_bit;
 	/* rb_thread_t, Ruby 3.3+: a Ruby thread without a dedicated native
 	 * thread (M:N) is named after itself, not after the native thread. */
 	__u32 th_dedicated_byte;
@@ -296,6 +298,18 @@ enum rprof_sample_flags {
 #define RPROF_GC_MODE_MARKING	   1
 #define RPROF_GC_DURING_GC	   (1 << 5)
 #define RPROF_GC_DURING_COMPACTING (1 << 6)
+#define RPROF_GC_MODE_SWEEPING	   2
+
+/* What the collection a sampled thread runs was doing (none if no
+ * collection, or another thread runs it). */
+enum rprof_gc_state {
+	RPROF_GC_NONE = 0,
+	RPROF_GC_MARKING_MINOR = 1,
+	RPROF_GC_MARKING_MAJOR = 2,
+	RPROF_GC_SWEEPING = 3,	 /* lazy sweeping's steps too */
+	RPROF_GC_COMPACTING = 4, /* a compacting GC past its marking */
+	RPROF_GC_OTHER = 5,	 /* in a GC, in no phase: its start or its end */
+};
 
 /* What a ring buffer record is: its first 32 bits. */
 enum rprof_record_kind {
@@ -360,6 +374,8 @@ struct rprof_sample_header {
 	__s32 wall_syscall; /* wall, off CPU: the system call it is in, or -1 */
 	__u32 wall_object;  /* wall, blocked: what it waits on (enum rprof_wall_object) */
 	__u64 weight;	    /* RPROF_SAMPLE_DIRECT: what it counts (1, or ns in wall mode) */
+	__u32 gc_state;	    /* enum rprof_gc_state: the collection this thread runs */
+	__u32 pad;
 };
 
 /* wall: what a thread was doing. Off CPU, the reason is read from the

@@ -240,6 +240,7 @@ impl RubyTarget {
             svar_cref_or_me: u64::from(l.imemo.svar_cref_or_me),
             gc_flags_addr: self.gc.map_or(0, |g| g.flags),
             gc_count_addr: self.gc.map_or(0, |g| g.count),
+            gc_minor_bit: l.gc.during_minor_gc_bit,
             th_dedicated_byte: l.thread.dedicated_nt_byte.unwrap_or(0),
             th_dedicated_mask: l.thread.dedicated_nt_mask.map_or(0, u32::from),
             native_space: 0,

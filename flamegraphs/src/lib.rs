@@ -55,6 +55,9 @@ pub enum FrameKind {
     State,
     /// Not code: `[truncated]`, `[unknown]`, `[GVL released]`...
     Marker,
+    /// A garbage collection the thread was running, under the stack that
+    /// triggered it: `[GC: marking (minor)]`, `[GC: sweeping]`...
+    Gc,
 }
 
 /// One frame of a stack.
@@ -98,6 +101,11 @@ impl Frame {
     }
     pub fn marker(name: impl Into<String>) -> Self {
         Self::named(FrameKind::Marker, name)
+    }
+
+    /// A garbage collection the thread was running.
+    pub fn gc(name: impl Into<String>) -> Self {
+        Self::named(FrameKind::Gc, name)
     }
 
     /// What a thread was doing (`wall`).
@@ -311,6 +319,7 @@ fn color_of(frame: &Frame) -> inferno::flamegraph::color::Color {
         FrameKind::Event => (v(180, 30, 0), v(80, 30, 8), v(80, 30, 16)),
         FrameKind::Marker => (v(170, 30, 0), v(170, 30, 0), v(170, 30, 0)),
         FrameKind::State => state_colour(&frame.name),
+        FrameKind::Gc => (v(150, 30, 0), v(100, 30, 8), v(40, 20, 16)),
     };
     inferno::flamegraph::color::Color { r, g, b }
 }

@@ -118,7 +118,35 @@ pub fn write<W: Write>(profile: &Profile, options: &SummaryOptions, mut w: W) ->
         )?;
     }
     writeln!(w, "{total} {} in all", options.count_name)?;
+    write_gc(profile, options, &mut w)?;
     write_states(profile, options, &mut w)
+}
+
+/// The share of the profile in garbage collections, by what they were doing
+/// (the `[GC: ...]` frames). Nothing if none.
+fn write_gc<W: Write>(profile: &Profile, options: &SummaryOptions, w: &mut W) -> io::Result<()> {
+    let mut by_kind: BTreeMap<String, u64> = BTreeMap::new();
+    for (frames, n) in profile.stacks() {
+        if let Some(gc) = frames.iter().find(|f| f.kind == FrameKind::Gc) {
+            *by_kind.entry(gc.name.clone()).or_default() += n;
+        }
+    }
+    if by_kind.is_empty() {
+        return Ok(());
+    }
+    let share = |n: u64| 100.0 * n as f64 / profile.total().max(1) as f64;
+    let in_gc: u64 = by_kind.values().sum();
+    let kinds: Vec<String> = by_kind
+        .iter()
+        .map(|(k, n)| format!("{k} {n} ({:.1}%)", share(*n)))
+        .collect();
+    writeln!(
+        w,
+        "in garbage collection: {in_gc} {} ({:.1}%): {}",
+        options.count_name,
+        share(in_gc),
+        kinds.join(", ")
+    )
 }
 
 /// Stacks kept per state in the summary.
@@ -243,6 +271,35 @@ mod tests {
         assert!(text.contains(" 75.00%     3  75.00%     3  b (x.rb)"), "{text}");
         assert!(text.contains("(1 more rows)"), "{text}");
         assert!(text.ends_with("4 samples in all\n"), "{text}");
+    }
+
+    #[test]
+    fn share_in_garbage_collection_by_kind() {
+        let mut p = Profile::default();
+        let alloc = Frame::code("alloc", "x.rb", 3);
+        p.add(std::slice::from_ref(&alloc), 60);
+        p.add(&[alloc.clone(), Frame::gc("[GC: marking (minor)]")], 30);
+        p.add(&[alloc, Frame::gc("[GC: sweeping]")], 10);
+        let opts = SummaryOptions {
+            by_line: false,
+            limit: 10,
+            title: "t".into(),
+            count_name: "samples".into(),
+        };
+        let mut out = Vec::new();
+        write(&p, &opts, &mut out).expect("write");
+        let text = String::from_utf8(out).expect("utf8");
+        assert!(
+            text.contains(
+                "in garbage collection: 40 samples (40.0%): [GC: marking (minor)] 30 (30.0%), [GC: sweeping] 10 (10.0%)"
+            ),
+            "{text}"
+        );
+        let mut none = Profile::default();
+        none.add(&[Frame::code("alloc", "x.rb", 3)], 1);
+        let mut out = Vec::new();
+        write(&none, &opts, &mut out).expect("write");
+        assert!(!String::from_utf8(out).expect("utf8").contains("garbage"));
     }
 
     #[test]

@@ -186,6 +186,9 @@ pub struct Gc {
     /// `profile.minor_gc_count` relative to `profile.count`: every
     /// collection is one or the other, which proves the two offsets.
     pub minor_gc_count_from_count: i64,
+    /// The bit of `objspace->flags` set while the collection under way is a
+    /// minor one (9 before 3.2, which added `during_reference_updating`).
+    pub during_minor_gc_bit: u32,
 }
 
 /// Where a class keeps its name and, for a singleton class, its object.

@@ -378,6 +378,9 @@ impl Collector {
         if s.frames.is_empty() && s.native.is_empty() && !stack.iter().any(|f| f.kind == FrameKind::Marker) {
             stack.push(Frame::marker(recording::NO_RUBY_FRAMES));
         }
+        if let Some(gc) = gc_label(h.gc_state) {
+            stack.push(Frame::gc(gc));
+        }
         if h.wall_state != 0 {
             // The method it waits in: a C method, or one of Ruby's own
             // (3.3's Queue#pop is written in Ruby, `<internal:thread_sync>`).
@@ -556,4 +559,18 @@ struct CachedStack {
     /// `wall`: the thread and kind of time it counts (None: not a walked
     /// stack of the sample pending time is shared by).
     kind: Option<WallKind>,
+}
+
+/// The frame of a collection the sampled thread was running, under the
+/// stack that triggered it (`enum rprof_gc_state`).
+fn gc_label(state: u32) -> Option<&'static str> {
+    use types::rprof_gc_state as G;
+    Some(match G(state) {
+        G::RPROF_GC_NONE => return None,
+        G::RPROF_GC_MARKING_MINOR => "[GC: marking (minor)]",
+        G::RPROF_GC_MARKING_MAJOR => "[GC: marking (major)]",
+        G::RPROF_GC_SWEEPING => "[GC: sweeping]",
+        G::RPROF_GC_COMPACTING => "[GC: compacting]",
+        _ => "[GC]",
+    })
 }

@@ -320,6 +320,7 @@ impl Session<'_> {
             &summary,
             &ruby_version,
             self.unit,
+            self.cfg.event.is_wall(),
             &stats,
             &self.collector,
             self.cfg.subprocesses.then_some(p.counts),

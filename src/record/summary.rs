@@ -12,6 +12,7 @@ pub fn print_summary(
     summary: &Summary,
     ruby_version: &str,
     unit: &str,
+    wall: bool,
     stats: &Stats,
     c: &Collector,
     followed: Option<Counts>,
@@ -56,7 +57,7 @@ pub fn print_summary(
         let why: Vec<String> = why.iter().map(|(u, n)| format!("{n} {u}")).collect();
         notes.push(format!(
             "{} with [unknown] frames: {}",
-            c.unknown_samples,
+            crate::recording::unknown_amount(c.unknown_samples, wall),
             why.join(", ")
         ));
     }

@@ -388,6 +388,7 @@ fn finish(mut header: types::rprof_sample_header, frames: Vec<types::rprof_frame
         hd.wall_syscall,
         hd.wall_object,
         hd.native_stop,
+        hd.gc_state,
     )
         .hash(&mut h);
     for f in &frames {

@@ -328,7 +328,9 @@ fn render(r: &Recording, format: Format, opts: &RenderOptions, w: &mut dyn Write
     let counts = match &r.summary {
         Some(s) => format!(
             "{total}, {} lost, {} failed, {} with [unknown] frames",
-            s.lost, s.failed, s.unknown
+            s.lost,
+            s.failed,
+            unknown_amount(s.unknown, r.samples.unit == Unit::Wall)
         ),
         None => format!("{total} (the recording was cut short)"),
     };
@@ -403,4 +405,14 @@ pub fn unix_now_ns() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64)
+}
+
+/// How much of a recording has `[unknown]` frames: samples or events, or
+/// in `wall` (whose counts are nanoseconds) a time.
+pub fn unknown_amount(n: u64, wall: bool) -> String {
+    if wall {
+        format!("{:.1} ms", n as f64 / 1e6)
+    } else {
+        n.to_string()
+    }
 }
