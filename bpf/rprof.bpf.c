@@ -535,7 +535,9 @@ static __always_inline __u32 gc_state_of(struct rprof_proc *p, __u32 flags, __u6
 	__u32 mode = flags & RPROF_GC_MODE_MASK;
 	__u64 base = 0, holder = 0;
 
-	if (!(flags & RPROF_GC_DURING_GC))
+	/* Ruby 2.7 moves objects after its collection has ended, with only
+	 * during_compacting set. */
+	if (!(flags & (RPROF_GC_DURING_GC | RPROF_GC_DURING_COMPACTING)))
 		return RPROF_GC_NONE;
 	if (p->th_gvl_base) {
 		if (!th ||
