@@ -11,6 +11,7 @@
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_core_read.h>
 #include <bpf/bpf_tracing.h>
+#include <bpf/bpf_endian.h>
 #include "rprof.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
@@ -766,14 +767,20 @@ static __always_inline void finish(struct scratch *s, __u64 frames_hash)
 {
 	struct rprof_sample_header *h = &s->hdr;
 
-	h->hash = finish_hash(
+	__u64 m =
 	    mix(mix(mix(mix(mix(mix(mix(frames_hash, ((__u64)h->tid << 32) | h->event), h->flags),
 				h->nframes),
 			    h->gc_time),
 			h->ruby_thread),
 		    h->start_ticks),
 		((__u64)(h->wall_state | h->wall_object << 8 | h->gc_state << 16) << 32) |
-		    (__u32)h->wall_syscall));
+		    (__u32)h->wall_syscall);
+
+	if (h->peer_family)
+		m = mix(
+		    mix(mix(m, (__u64)h->peer_family << 16 | h->peer_port), *(__u64 *)h->peer_addr),
+		    *(__u64 *)(h->peer_addr + 8));
+	h->hash = finish_hash(m);
 	count_stack(s);
 }
 
@@ -797,6 +804,9 @@ static __always_inline void begin(struct scratch *s, struct rprof_proc *p, __u32
 	s->hdr.wall_syscall = -1;
 	s->hdr.wall_object = 0;
 	s->hdr.gc_state = 0;
+	s->hdr.peer_family = 0;
+	s->hdr.peer_port = 0;
+	__builtin_memset(s->hdr.peer_addr, 0, sizeof(s->hdr.peer_addr));
 	s->hdr.weight = 1;
 	s->hdr.comm[0] = 0;
 }
@@ -1044,9 +1054,56 @@ static __always_inline __s32 syscall_of(struct task_struct *task)
 #define S_IFCHR	 0020000
 #define S_IFIFO	 0010000
 
+/* wall: the stack of a wait that begins, to walk: that of `task`, the
+ * current task. */
+struct wall_walk {
+	__u64 task; /* struct task_struct *, read with probes */
+	__u32 tgid; /* 0: nothing to walk */
+	__u32 tid;
+	__u32 state;
+	__s32 syscall;
+	__u32 object;
+	__u16 peer_family;
+	__u16 peer_port;
+	__u8 peer_addr[16];
+};
+
+#define AF_UNIX	   1
+#define AF_INET	   2
+#define AF_INET6   10
+#define TCP_LISTEN 10
+
+/* The peer of the IP socket `file` into `r` (its listening port if it
+ * listens): the label of a wait on it, `(socket 10.0.0.7:5432)`. */
+static __always_inline __u32 socket_peer(struct file *file, struct wall_walk *r)
+{
+	struct socket *sock = BPF_CORE_READ(file, private_data);
+	struct sock *sk = sock ? BPF_CORE_READ(sock, sk) : 0;
+	__u16 family;
+
+	if (!sk)
+		return RPROF_WALL_OBJECT_SOCKET;
+	family = BPF_CORE_READ(sk, __sk_common.skc_family);
+	r->peer_family = family;
+	if (family != AF_INET && family != AF_INET6)
+		return RPROF_WALL_OBJECT_SOCKET;
+	if (BPF_CORE_READ(sk, __sk_common.skc_state) == TCP_LISTEN) {
+		r->peer_port = BPF_CORE_READ(sk, __sk_common.skc_num);
+		return RPROF_WALL_OBJECT_LISTENING;
+	}
+	r->peer_port = bpf_ntohs(BPF_CORE_READ(sk, __sk_common.skc_dport));
+	/* Whole addresses: BPF_CORE_READ_INTO into an array copies one element. */
+	if (family == AF_INET)
+		bpf_core_read(r->peer_addr, 4, &sk->__sk_common.skc_daddr);
+	else
+		bpf_core_read(r->peer_addr, 16, &sk->__sk_common.skc_v6_daddr);
+	return RPROF_WALL_OBJECT_SOCKET;
+}
+
 /* wall: what the system call `task`, the current task, is blocked in waits
- * on: the kind of its file descriptor (x86-64 system call numbers). */
-static __always_inline __u32 object_of(struct task_struct *task, __s32 syscall)
+ * on: the kind of its file descriptor (x86-64 system call numbers), and
+ * into `r` a socket's peer. */
+static __always_inline __u32 object_of(struct task_struct *task, __s32 syscall, struct wall_walk *r)
 {
 	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
 	struct file *file = 0, **fds;
@@ -1085,7 +1142,7 @@ static __always_inline __u32 object_of(struct task_struct *task, __s32 syscall)
 	mode = BPF_CORE_READ(file, f_inode, i_mode) & S_IFMT;
 	switch (mode) {
 	case S_IFSOCK:
-		return RPROF_WALL_OBJECT_SOCKET;
+		return socket_peer(file, r);
 	case S_IFIFO:
 		return RPROF_WALL_OBJECT_PIPE;
 	case S_IFREG:
@@ -1341,18 +1398,6 @@ static __always_inline __u64 thread_of(struct rprof_proc *p, struct task_struct 
 	return th;
 }
 
-/* wall: the stack of a wait that begins, to walk: that of `task`, the
- * current task. */
-struct wall_walk {
-	__u64 task; /* struct task_struct *, read with probes */
-	__u32 tgid; /* 0: nothing to walk */
-	__u32 tid;
-	__u32 state;
-	__s32 syscall;
-	__u32 object;
-	__u32 pad;
-};
-
 /* wall --kernel: the kernel stack of the thread leaving the CPU, taken in
  * the switch program (the walk's function cannot take the task) for the
  * walk to add after the Ruby frames. */
@@ -1451,6 +1496,9 @@ __noinline __u64 wall_walk_count(struct wall_walk *r)
 	s->hdr.wall_state = r->state;
 	s->hdr.wall_syscall = r->syscall;
 	s->hdr.wall_object = r->object;
+	s->hdr.peer_family = r->peer_family;
+	s->hdr.peer_port = r->peer_port;
+	__builtin_memcpy(s->hdr.peer_addr, r->peer_addr, sizeof(s->hdr.peer_addr));
 	s->hdr.weight = 0;
 	s->ruby_hash = w.hash;
 	finish(s, native_stacks || kernel_stacks ? wall_other_stacks(tgid) : w.hash);
@@ -1470,7 +1518,7 @@ static __always_inline void want_walk(struct wall_walk *r, struct task_struct *t
 	r->syscall = e->syscall;
 	if (e->syscall >= 0 && (e->state == RPROF_WALL_BLOCKED || e->state == RPROF_WALL_GVL_HELD ||
 				e->state == RPROF_WALL_OFF_CPU))
-		r->object = object_of(task, e->syscall);
+		r->object = object_of(task, e->syscall, r);
 }
 
 /* wall: time of a wait whose stack was not walked: pending in the slot of

@@ -375,7 +375,11 @@ struct rprof_sample_header {
 	__u32 wall_object;  /* wall, blocked: what it waits on (enum rprof_wall_object) */
 	__u64 weight;	    /* RPROF_SAMPLE_DIRECT: what it counts (1, or ns in wall mode) */
 	__u32 gc_state;	    /* enum rprof_gc_state: the collection this thread runs */
-	__u32 pad;
+	/* wall, blocked on an IP socket: its peer, or for a listening socket
+	 * (RPROF_WALL_OBJECT_LISTENING) the port it listens on; family 0: none */
+	__u16 peer_family;  /* AF_INET, AF_INET6 (AF_UNIX: no address) */
+	__u16 peer_port;    /* host order */
+	__u8 peer_addr[16]; /* network order; AF_INET in the first 4 */
 };
 
 /* wall: what a thread was doing. Off CPU, the reason is read from the
@@ -423,7 +427,8 @@ enum rprof_wall_object {
 	RPROF_WALL_OBJECT_SOCKET = 1,
 	RPROF_WALL_OBJECT_PIPE = 2,
 	RPROF_WALL_OBJECT_FILE = 3,
-	RPROF_WALL_OBJECT_DEVICE = 4, /* a character device: a terminal... */
+	RPROF_WALL_OBJECT_DEVICE = 4,	 /* a character device: a terminal... */
+	RPROF_WALL_OBJECT_LISTENING = 5, /* a listening socket (accept) */
 };
 
 /* wall: each followed thread's open interval (key: tid). Written by the

@@ -387,12 +387,7 @@ impl Collector {
             let leaf = ruby.first().and_then(|r| r.frame.as_ref()).filter(|f| {
                 f.kind == FrameKind::CMethod || f.file.as_deref().is_some_and(|p| p.starts_with("<internal:"))
             });
-            stack.push(Frame::state(wall::state_label(
-                h.wall_state,
-                h.wall_syscall,
-                h.wall_object,
-                leaf.map(|f| f.name.as_str()),
-            )));
+            stack.push(Frame::state(wall::state_label(h, leaf.map(|f| f.name.as_str()))));
         } else if h.event > 0 {
             let name = self
                 .events

@@ -4,6 +4,7 @@
 
 mod collector;
 mod event;
+mod peer;
 mod progress;
 mod roots;
 mod sinks;

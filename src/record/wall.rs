@@ -27,6 +27,7 @@ use crate::resolve::walk;
 use crate::target::{EcAccess, RubyTarget};
 
 use super::collector::Collector;
+use super::peer;
 
 use types::rprof_wall_state as S;
 
@@ -185,7 +186,7 @@ fn blocked_stack(
     beyond: Beyond,
 ) -> Option<Sample> {
     let (mut header, frames) = blocked_record(target, t, lists)?;
-    header.wall_object = object_now(target, t, &header);
+    object_now(target, t, &mut header);
     header.native_stop = beyond.native_stop;
     header.nkernel = beyond.kernel.len() as u32;
     let mut sample = finish(header, frames, &beyond.kernel);
@@ -236,9 +237,14 @@ fn blocked_record(
 }
 
 /// What the system call of `t`, blocked, waits on (`object_of` in BPF, from
-/// /proc): the kind of its descriptor.
-fn object_now(target: &RubyTarget, t: &types::rprof_wall_thread, h: &types::rprof_sample_header) -> u32 {
-    use std::os::unix::fs::FileTypeExt;
+/// /proc), into `h`: the kind of its descriptor, and a socket's peer.
+fn object_now(target: &RubyTarget, t: &types::rprof_wall_thread, h: &mut types::rprof_sample_header) {
+    h.wall_object = object_read(target, t, h);
+}
+
+/// `object_now`'s object kind.
+fn object_read(target: &RubyTarget, t: &types::rprof_wall_thread, h: &mut types::rprof_sample_header) -> u32 {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
     use types::rprof_wall_object as O;
     let waits_on_a_call = [
         S::RPROF_WALL_BLOCKED.0,
@@ -280,7 +286,7 @@ fn object_now(target: &RubyTarget, t: &types::rprof_wall_thread, h: &types::rpro
     };
     let kind = meta.file_type();
     if kind.is_socket() {
-        O::RPROF_WALL_OBJECT_SOCKET.0
+        peer::from_proc(t.pid, meta.ino(), h)
     } else if kind.is_fifo() {
         O::RPROF_WALL_OBJECT_PIPE.0
     } else if kind.is_file() {
@@ -391,6 +397,7 @@ fn finish(mut header: types::rprof_sample_header, frames: Vec<types::rprof_frame
         hd.gc_state,
     )
         .hash(&mut h);
+    (hd.peer_family, hd.peer_port, hd.peer_addr).hash(&mut h);
     for f in &frames {
         (f.iseq, f.pc, f.cme, f.flags).hash(&mut h);
     }
@@ -404,20 +411,12 @@ fn finish(mut header: types::rprof_sample_header, frames: Vec<types::rprof_frame
     }
 }
 
-/// The leaf frame that says what a thread was doing; `object` what its
-/// system call waits on; `leaf` the name of its leaf Ruby frame (the C
-/// method it waits in).
-pub fn state_label(state: u32, syscall: i32, object: u32, leaf: Option<&str>) -> String {
-    use types::rprof_wall_object as O;
-    let on = match O(object) {
-        O::RPROF_WALL_OBJECT_SOCKET => " (socket)",
-        O::RPROF_WALL_OBJECT_PIPE => " (pipe)",
-        O::RPROF_WALL_OBJECT_FILE => " (file)",
-        O::RPROF_WALL_OBJECT_DEVICE => " (device)",
-        _ => "",
-    };
-    let call = || format!("{}{on}", syscall_name(syscall));
-    match types::rprof_wall_state(state) {
+/// The leaf frame that says what the thread of `h` was doing, its system
+/// call and what that waits on; `leaf` the name of its leaf Ruby frame (the
+/// C method it waits in).
+pub fn state_label(h: &types::rprof_sample_header, leaf: Option<&str>) -> String {
+    let call = || format!("{}{}", syscall_name(h.wall_syscall), peer::label(h));
+    match types::rprof_wall_state(h.wall_state) {
         S::RPROF_WALL_RUNNING => "[running]".to_string(),
         S::RPROF_WALL_RUNNABLE => "[runnable: CPU busy]".to_string(),
         S::RPROF_WALL_GVL => "[waiting for the GVL]".to_string(),

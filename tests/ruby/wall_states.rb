@@ -1,7 +1,11 @@
 # Threads parked in known states, for `rprof record ... wall`: two threads
 # on CPU (sharing the GVL), one asleep, one reading a pipe nobody writes,
-# one waiting for a Mutex another thread holds, one in Queue#pop, and the
-# main thread in Thread#join. Each waits in a method named for its state.
+# one reading a TCP connection whose other end never writes, one waiting for
+# a connection nobody makes, one waiting for a Mutex another thread holds,
+# one in Queue#pop, and the main thread in Thread#join. Each waits in a
+# method named for its state. The ready line gives the ports.
+require "socket"
+
 def spin
   x = 0
   loop { x += 1 }
@@ -13,6 +17,14 @@ end
 
 def read_pipe(r)
   r.read(1)
+end
+
+def read_socket(s)
+  s.read(1)
+end
+
+def accept_one(server)
+  server.accept
 end
 
 def hold(lock, held)
@@ -35,6 +47,10 @@ def join_all(threads)
 end
 
 r, _w = IO.pipe
+server = TCPServer.new("127.0.0.1", 0)
+client = TCPSocket.new("127.0.0.1", server.addr[1])
+_accepted = server.accept
+idle = TCPServer.new("127.0.0.1", 0)
 lock = Mutex.new
 held = Queue.new
 queue = Queue.new
@@ -51,6 +67,8 @@ threads = [
   start.call("cpu2") { spin },
   start.call("sleeper") { nap },
   start.call("reader") { read_pipe(r) },
+  start.call("netreader") { read_socket(client) },
+  start.call("acceptor") { accept_one(idle) },
   start.call("holder") { hold(lock, held) }
 ]
 threads.size.times { named.pop }
@@ -59,8 +77,9 @@ threads << start.call("locker") { lock_mutex(lock) }
 threads << start.call("popper") { pop_queue(queue) }
 2.times { named.pop }
 tid = ->(t) { t.respond_to?(:native_thread_id) ? t.native_thread_id : "?" }
-# Until the locker and popper are parked, ready is not said.
-sleep 0.01 until threads.last(2).all? { |t| t.status == "sleep" }
-$stdout.puts "ready " + threads.map { |t| "#{t.name}=#{tid[t]}" }.join(" ") + " main=#{tid[Thread.main]}"
+# Until every thread but the two spinning ones is parked, ready is not said.
+sleep 0.01 until threads.drop(2).all? { |t| t.status == "sleep" }
+ports = "server_port=#{server.addr[1]} idle_port=#{idle.addr[1]}"
+$stdout.puts "ready " + threads.map { |t| "#{t.name}=#{tid[t]}" }.join(" ") + " main=#{tid[Thread.main]} #{ports}"
 $stdout.flush
 join_all(threads)

@@ -1,0 +1,165 @@
+//! What socket a blocked call waits on, for `wall`'s state frame: the peer
+//! of a connected IP socket (`(socket 10.0.0.7:5432)`: which database or
+//! service a request waits for), the port a listening socket listens on, or
+//! a Unix socket. BPF fills the header's peer fields for the waits it
+//! walks; for a stack read in userspace they come from /proc/PID/net, by the
+//! socket's inode.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+
+use crate::bpf::types;
+
+use types::rprof_wall_object as O;
+
+/// `AF_*` as the kernel numbers them.
+const AF_UNIX: u16 = 1;
+const AF_INET: u16 = 2;
+const AF_INET6: u16 = 10;
+/// `TCP_LISTEN` in /proc/net/tcp's `st` column.
+const TCP_LISTEN: u32 = 0x0a;
+
+/// What a wait's object is called in its state frame (` (socket ...)`,
+/// ` (pipe)`...), from the header's object kind and peer.
+pub fn label(h: &types::rprof_sample_header) -> String {
+    match O(h.wall_object) {
+        O::RPROF_WALL_OBJECT_SOCKET => match peer_of(h) {
+            Some(addr) => format!(" (socket {addr})"),
+            None if h.peer_family == AF_UNIX => " (unix socket)".to_string(),
+            None => " (socket)".to_string(),
+        },
+        O::RPROF_WALL_OBJECT_LISTENING => format!(" (socket listening on port {})", h.peer_port),
+        O::RPROF_WALL_OBJECT_PIPE => " (pipe)".to_string(),
+        O::RPROF_WALL_OBJECT_FILE => " (file)".to_string(),
+        O::RPROF_WALL_OBJECT_DEVICE => " (device)".to_string(),
+        _ => String::new(),
+    }
+}
+
+/// The peer's address, for an IP socket connected to one.
+fn peer_of(h: &types::rprof_sample_header) -> Option<SocketAddr> {
+    if h.peer_port == 0 {
+        return None;
+    }
+    let ip = match h.peer_family {
+        AF_INET => IpAddr::V4(Ipv4Addr::new(
+            h.peer_addr[0],
+            h.peer_addr[1],
+            h.peer_addr[2],
+            h.peer_addr[3],
+        )),
+        AF_INET6 => {
+            let v6 = Ipv6Addr::from(h.peer_addr);
+            v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4)
+        }
+        _ => return None,
+    };
+    Some(SocketAddr::new(ip, h.peer_port))
+}
+
+/// For a wait whose stack userspace read: the socket with inode `inode` of
+/// process `pid`, found in /proc/PID/net, into `h`'s peer fields; returns
+/// its object kind (a listening socket's differs).
+pub fn from_proc(pid: u32, inode: u64, h: &mut types::rprof_sample_header) -> u32 {
+    for (table, family) in [
+        ("tcp", AF_INET),
+        ("tcp6", AF_INET6),
+        ("udp", AF_INET),
+        ("udp6", AF_INET6),
+    ] {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/net/{table}")).unwrap_or_default();
+        if let Some(row) = text
+            .lines()
+            .skip(1)
+            .filter_map(Row::parse)
+            .find(|r| r.inode == inode)
+        {
+            h.peer_family = family;
+            if row.state == TCP_LISTEN && table.starts_with("tcp") {
+                h.peer_port = row.local_port;
+                return O::RPROF_WALL_OBJECT_LISTENING.0;
+            }
+            h.peer_port = row.remote_port;
+            h.peer_addr = row.remote;
+            return O::RPROF_WALL_OBJECT_SOCKET.0;
+        }
+    }
+    let unix = std::fs::read_to_string(format!("/proc/{pid}/net/unix")).unwrap_or_default();
+    // "Num RefCount Protocol Flags Type St Inode Path": the inode is the 7th.
+    if unix
+        .lines()
+        .skip(1)
+        .any(|l| l.split_whitespace().nth(6).and_then(|i| i.parse::<u64>().ok()) == Some(inode))
+    {
+        h.peer_family = AF_UNIX;
+    }
+    O::RPROF_WALL_OBJECT_SOCKET.0
+}
+
+/// A row of /proc/net/{tcp,tcp6,udp,udp6}.
+struct Row {
+    local_port: u16,
+    remote: [u8; 16],
+    remote_port: u16,
+    state: u32,
+    inode: u64,
+}
+
+impl Row {
+    /// "sl local rem st tx:rx tr:when retrnsmt uid timeout inode ...", the
+    /// addresses "HEX:PORT" with each 32-bit word of the address in the
+    /// machine's byte order.
+    fn parse(line: &str) -> Option<Row> {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        let (_, local_port) = endpoint(f.get(1)?)?;
+        let (remote, remote_port) = endpoint(f.get(2)?)?;
+        Some(Row {
+            local_port,
+            remote,
+            remote_port,
+            state: u32::from_str_radix(f.get(3)?, 16).ok()?,
+            inode: f.get(9)?.parse().ok()?,
+        })
+    }
+}
+
+/// "0100007F:1F90" (or 32 hex digits for IPv6): the address's bytes in
+/// network order, and the port.
+fn endpoint(text: &str) -> Option<([u8; 16], u16)> {
+    let (addr, port) = text.split_once(':')?;
+    let mut bytes = [0u8; 16];
+    for (i, word) in addr.as_bytes().chunks(8).enumerate().take(4) {
+        let word = u32::from_str_radix(std::str::from_utf8(word).ok()?, 16).ok()?;
+        bytes[i * 4..i * 4 + 4].copy_from_slice(&word.to_ne_bytes());
+    }
+    Some((bytes, u16::from_str_radix(port, 16).ok()?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn proc_net_rows() {
+        let v4 = "   3: 0100007F:9C41 0100007F:1538 01 00000000:00000000 00:00000000 00000000  1000        0 48211 1 0000000000000000 20 4 30 10 -1";
+        let r = Row::parse(v4).expect("a tcp row");
+        assert_eq!(
+            (r.local_port, r.remote_port, r.state, r.inode),
+            (0x9c41, 5432, 1, 48211)
+        );
+        let mut h = types::rprof_sample_header {
+            wall_object: O::RPROF_WALL_OBJECT_SOCKET.0,
+            peer_family: AF_INET,
+            peer_port: r.remote_port,
+            peer_addr: r.remote,
+            ..Default::default()
+        };
+        assert_eq!(label(&h), " (socket 127.0.0.1:5432)");
+        let v6 = "   0: 00000000000000000000000001000000:1F90 00000000000000000000000001000000:D431 01 00000000:00000000 00:00000000 00000000  1000        0 1234 1";
+        let r = Row::parse(v6).expect("a tcp6 row");
+        (h.peer_family, h.peer_port, h.peer_addr) = (AF_INET6, r.remote_port, r.remote);
+        assert_eq!(label(&h), " (socket [::1]:54321)");
+        h.wall_object = O::RPROF_WALL_OBJECT_LISTENING.0;
+        h.peer_port = 8080;
+        assert_eq!(label(&h), " (socket listening on port 8080)");
+    }
+}
