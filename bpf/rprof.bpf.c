@@ -1161,28 +1161,23 @@ static __always_inline __u32 object_of(struct task_struct *task, __s32 syscall, 
 	}
 }
 
-int on_cpu_sample_native(struct bpf_perf_event_data *ctx);
-int on_tracepoint_native(void *ctx);
-
 /* The programs on_event continues in with --native/--kernel: one array per
- * kind of program (an array serves programs of one type). */
+ * kind of program (an array serves programs of one type). Userspace fills
+ * the one in use: only the programs of the recording's kind are loaded, and
+ * a static initializer would name one that is not. */
 struct {
 	__uint(type, BPF_MAP_TYPE_PROG_ARRAY);
 	__uint(max_entries, 1);
 	__type(key, __u32);
-	__array(values, int(void *));
-} tail_perf_event SEC(".maps") = {
-    .values = {(void *)&on_cpu_sample_native},
-};
+	__type(value, __u32);
+} tail_perf_event SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PROG_ARRAY);
 	__uint(max_entries, 1);
 	__type(key, __u32);
-	__array(values, int(void *));
-} tail_tracepoint SEC(".maps") = {
-    .values = {(void *)&on_tracepoint_native},
-};
+	__type(value, __u32);
+} tail_tracepoint SEC(".maps");
 
 /* `tracepoint` is a constant at each call: a program may only use the
  * program array of its own type. */

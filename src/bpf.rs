@@ -5,7 +5,7 @@
 use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::mem::{size_of, MaybeUninit};
-use std::os::fd::{AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -111,6 +111,8 @@ pub struct Options {
     pub kernel: bool,
     /// `wall`: samples weigh time, and switches count time off CPU.
     pub wall: bool,
+    /// Events are tracepoints (system calls), not CPU samples.
+    pub traced: bool,
 }
 
 pub struct Probe {
@@ -143,8 +145,13 @@ pub const EPOCH_SETTLE: Duration = Duration::from_millis(2);
 impl Probe {
     /// Loads the BPF program (not yet attached to anything).
     pub fn load(options: Options) -> Result<Self> {
-        // libbpf's own messages (the verifier log) only with RPROF_DEBUG=1.
-        if std::env::var_os("RPROF_DEBUG").is_none() {
+        // libbpf's own messages (the verifier log) only with RPROF_DEBUG=1;
+        // RPROF_DEBUG=stats: the verifier's statistics of each program
+        // (instructions processed, time: rprof's start-up is mostly this).
+        let stats = std::env::var("RPROF_DEBUG").is_ok_and(|v| v == "stats");
+        if stats {
+            libbpf_rs::set_print(Some((libbpf_rs::PrintLevel::Debug, print_verifier_stats)));
+        } else if std::env::var_os("RPROF_DEBUG").is_none() {
             libbpf_rs::set_print(None);
         }
         // The skeleton lives as long as rprof does; leaking it gives the ring
@@ -201,6 +208,21 @@ impl Probe {
             rodata.kernel_stacks = options.kernel;
             rodata.wall_mode = options.wall;
         }
+        if stats {
+            for mut prog in open.open_object_mut().progs_mut() {
+                prog.set_log_level(4);
+            }
+        }
+        // The sampling programs or the tracepoint ones, not both: each walks
+        // a stack, and each takes the kernel a quarter of a second to verify
+        // (RPROF_DEBUG=stats), most of rprof's start-up.
+        if options.traced {
+            open.progs.on_cpu_sample.set_autoload(false);
+            open.progs.on_cpu_sample_native.set_autoload(false);
+        } else {
+            open.progs.on_tracepoint.set_autoload(false);
+            open.progs.on_tracepoint_native.set_autoload(false);
+        }
         // The wall programs only for `wall`: verifying the switch program
         // (it walks a stack) takes the kernel about a second and a half.
         if !options.wall {
@@ -212,6 +234,18 @@ impl Probe {
             open.load()
                 .context("loading the BPF program into the kernel (RPROF_DEBUG=1 shows libbpf's log)")?,
         ));
+        // The program the loaded one continues in with --native/--kernel.
+        let (tail, next) = if options.traced {
+            (&skel.maps.tail_tracepoint, &skel.progs.on_tracepoint_native)
+        } else {
+            (&skel.maps.tail_perf_event, &skel.progs.on_cpu_sample_native)
+        };
+        tail.update(
+            &0u32.to_ne_bytes(),
+            &next.as_fd().as_raw_fd().to_ne_bytes(),
+            MapFlags::ANY,
+        )
+        .context("filling the native stacks' program array")?;
         let queue = Rc::new(RefCell::new(VecDeque::new()));
         let sink = Rc::clone(&queue);
         let mut builder = RingBufferBuilder::new();
@@ -830,6 +864,16 @@ fn parse_cpu_list(text: &str) -> Option<Vec<u32>> {
         }
     }
     Some(cpus)
+}
+
+/// RPROF_DEBUG=stats: of libbpf's debug messages, the lines of each
+/// program's verifier log that give its cost.
+fn print_verifier_stats(_level: libbpf_rs::PrintLevel, msg: String) {
+    for line in msg.lines() {
+        if line.contains("BEGIN PROG LOAD LOG") || line.contains("verification time") || line.contains("processed ") {
+            eprintln!("{line}");
+        }
+    }
 }
 
 /// Runs a task iterator: the records it writes, each a `T`.

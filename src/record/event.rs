@@ -102,6 +102,12 @@ impl EventSpec {
         matches!(self, EventSpec::Wall { .. })
     }
 
+    /// Whether it is counted at tracepoints (system calls) rather than by
+    /// CPU samples.
+    pub fn is_traced(&self) -> bool {
+        matches!(self, EventSpec::Syscalls(_))
+    }
+
     /// Before each epoch closes: `wall` counts the waits still open up to
     /// now, and seeds threads it has not seen.
     pub fn epoch_ends(

@@ -95,6 +95,7 @@ pub fn record(cfg: RecordConfig) -> Result<Option<ExitStatus>> {
         native_rows,
         kernel: cfg.kernel,
         wall: cfg.event.is_wall(),
+        traced: cfg.event.is_traced(),
     })?;
     let signals = StopSignals::install()?;
     let unwinder = native_rows.map(Unwinder::new);
