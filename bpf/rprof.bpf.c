@@ -531,9 +531,10 @@ static __always_inline int read_gc_time(struct rprof_proc *p, struct scratch *s,
 /* What the collection under way (objspace `flags`) is doing, if thread `th`
  * of process `tgid` runs it: a collection runs on the thread holding the
  * GVL, and any other thread on a CPU meanwhile runs without it (a blocking
- * region). A global function, which the verifier checks once: inlined in
- * the stack walk's programs, its branches doubled their verification (cpu's
- * start-up went from 0.7 to 1.1 s). */
+ * region). A global function, which the verifier checks apart from its
+ * callers: inlined after the stack walk, its branches doubled the
+ * verification of every program that walks (cpu's start-up went from 0.7
+ * to 1.2 s). */
 __noinline __u32 gc_state_of(__u32 tgid, __u32 flags, __u64 th)
 {
 	__u32 mode = flags & RPROF_GC_MODE_MASK;
@@ -704,9 +705,9 @@ static __always_inline __u64 start_ticks(struct task_struct *leader)
 #include "native.bpf.h"
 
 /* The offset in a record's body just after its Ruby frames, and after
- * `nnative` native frames; false if over `limit` (never: the counts are
- * clamped, but the verifier wants the check where the offset is used, and
- * the tightest bound: a looser one made the native program too large). */
+ * `nnative` native frames; false if over `limit`, the bound of the part
+ * written there (never: the counts are clamped, but the verifier wants the
+ * check where the offset is used). */
 static __always_inline bool body_after(struct scratch *s, __u32 nnative, const __u64 limit,
 				       __u64 *off)
 {
@@ -1437,8 +1438,9 @@ static __always_inline __u64 wall_kernel_frames(struct scratch *s, __u64 off, __
  * the CPU (the current task), for the record in this CPU's tracepoint
  * slot; a function of its own, which the verifier checks apart from the
  * walk. Returns the record's hash with them. It repeats other_stacks's
- * native part: with body_after there, the CPU sample's native program
- * (--native alone) went over the verifier's million instructions. */
+ * native part: rewritten around body_after (even its kernel part alone),
+ * other_stacks put the CPU sample's native program (--native alone) over
+ * the verifier's million instructions. */
 __noinline __u64 wall_other_stacks(__u32 tgid)
 {
 	__u32 slot = bpf_get_smp_processor_id() * 2 + 1;

@@ -870,7 +870,10 @@ fn parse_cpu_list(text: &str) -> Option<Vec<u32>> {
 /// program's verifier log that give its cost.
 fn print_verifier_stats(_level: libbpf_rs::PrintLevel, msg: String) {
     for line in msg.lines() {
-        if line.contains("BEGIN PROG LOAD LOG") || line.contains("verification time") || line.contains("processed ") {
+        if line.contains("BEGIN PROG LOAD LOG")
+            || line.contains("verification time")
+            || line.contains("processed ")
+        {
             eprintln!("{line}");
         }
     }
