@@ -1411,6 +1411,17 @@ struct {
 	__type(value, struct rprof_kernel_stack);
 } wall_kstacks SEC(".maps");
 
+/* wall --kernel: `task`'s kernel stack into `k` (leaf first; none if it
+ * cannot be taken). Of a task leaving the CPU or blocked, it begins at the
+ * function that called the scheduler. */
+static __always_inline void take_kernel_stack(struct rprof_kernel_stack *k,
+					      struct task_struct *task)
+{
+	long got = bpf_get_task_stack(task, k->ips, sizeof(k->ips), 0);
+
+	k->n = got > 0 ? got / sizeof(__u64) : 0;
+}
+
 /* wall --kernel: the kernel frames taken for this switch, at `off` in the
  * record's body, mixed into `hash`. */
 static __always_inline __u64 wall_kernel_frames(struct scratch *s, __u64 off, __u64 hash)
@@ -1438,15 +1449,17 @@ static __always_inline __u64 wall_kernel_frames(struct scratch *s, __u64 off, __
  * the CPU (the current task), for the record in this CPU's tracepoint
  * slot; a function of its own, which the verifier checks apart from the
  * walk. Returns the record's hash with them. It repeats other_stacks's
- * native part: rewritten around body_after (even its kernel part alone),
- * other_stacks put the CPU sample's native program (--native alone) over
- * the verifier's million instructions. */
+ * native part, and other_stacks keeps its own offsets: the CPU sample's
+ * native program is sensitive to their shape (RPROF_DEBUG=stats: 145,000
+ * instructions with --native, 151,000 with --kernel too). Rewritten around
+ * body_after, even its kernel part alone, it went past the verifier's
+ * million with --native alone; with the native part in a shared helper,
+ * 441,000 with both. */
 __noinline __u64 wall_other_stacks(__u32 tgid)
 {
 	__u32 slot = bpf_get_smp_processor_id() * 2 + 1;
 	struct scratch *s = bpf_map_lookup_elem(&scratch, &slot);
 	struct rprof_proc *p = bpf_map_lookup_elem(&procs, &tgid);
-
 	struct unwind_ctx u = {};
 	__u32 nnative = 0, stat;
 	__u64 hash, off;
@@ -1697,10 +1710,9 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 	if (kernel_stacks && out && walk.tgid) {
 		__u32 zero = 0;
 		struct rprof_kernel_stack *k = bpf_map_lookup_elem(&wall_kstacks, &zero);
-		long got = k ? bpf_get_task_stack(prev, k->ips, sizeof(k->ips), 0) : -1;
 
 		if (k)
-			k->n = got > 0 ? got / sizeof(__u64) : 0;
+			take_kernel_stack(k, prev);
 	}
 	if (out && walk.tgid) {
 		out->hash = wall_walk_count(&walk);
@@ -1739,12 +1751,10 @@ static __always_inline void seed_kernel_stack(struct task_struct *task, __u32 ti
 {
 	__u32 zero = 0;
 	struct rprof_kernel_stack *k = bpf_map_lookup_elem(&wall_sweep_kstack, &zero);
-	long got;
 
 	if (!kernel_stacks || !k)
 		return;
-	got = bpf_get_task_stack(task, k->ips, sizeof(k->ips), 0);
-	k->n = got > 0 ? got / sizeof(__u64) : 0;
+	take_kernel_stack(k, task);
 	bpf_map_update_elem(&wall_seed_kstacks, &tid, k, BPF_ANY);
 }
 

@@ -5,6 +5,7 @@
 //! walks; for a stack read in userspace they come from /proc/PID/net, by the
 //! socket's inode.
 
+use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use crate::bpf::types;
@@ -56,43 +57,64 @@ fn peer_of(h: &types::rprof_sample_header) -> Option<SocketAddr> {
     Some(SocketAddr::new(ip, h.peer_port))
 }
 
-/// For a wait whose stack userspace read: the socket with inode `inode` of
-/// process `pid`, found in /proc/PID/net, into `h`'s peer fields; returns
-/// its object kind (a listening socket's differs).
-pub fn from_proc(pid: u32, inode: u64, h: &mut types::rprof_sample_header) -> u32 {
-    for (table, family) in [
-        ("tcp", AF_INET),
-        ("tcp6", AF_INET6),
-        ("udp", AF_INET),
-        ("udp6", AF_INET6),
-    ] {
-        let text = std::fs::read_to_string(format!("/proc/{pid}/net/{table}")).unwrap_or_default();
-        if let Some(row) = text
-            .lines()
-            .skip(1)
-            .filter_map(Row::parse)
-            .find(|r| r.inode == inode)
-        {
-            h.peer_family = family;
-            if row.state == TCP_LISTEN && table.starts_with("tcp") {
+/// For waits whose stack userspace read: each process's sockets, from
+/// /proc/PID/net, read once a sweep (a thousand threads blocked on sockets
+/// would otherwise read the tables a thousand times).
+#[derive(Default)]
+pub struct Sockets(HashMap<u32, Table>);
+
+/// One process's sockets by inode: IP ones (their row, family, and whether
+/// a TCP one listens), and Unix ones.
+#[derive(Default)]
+struct Table {
+    ip: HashMap<u64, (Row, u16, bool)>,
+    unix: HashSet<u64>,
+}
+
+impl Sockets {
+    /// The socket with inode `inode` of process `pid` into `h`'s peer
+    /// fields; returns its object kind (a listening socket's differs).
+    pub fn describe(&mut self, pid: u32, inode: u64, h: &mut types::rprof_sample_header) -> u32 {
+        let table = self.0.entry(pid).or_insert_with(|| Table::read(pid));
+        if let Some((row, family, listening)) = table.ip.get(&inode) {
+            h.peer_family = *family;
+            if *listening {
                 h.peer_port = row.local_port;
                 return O::RPROF_WALL_OBJECT_LISTENING.0;
             }
             h.peer_port = row.remote_port;
             h.peer_addr = row.remote;
-            return O::RPROF_WALL_OBJECT_SOCKET.0;
+        } else if table.unix.contains(&inode) {
+            h.peer_family = AF_UNIX;
         }
+        O::RPROF_WALL_OBJECT_SOCKET.0
     }
-    let unix = std::fs::read_to_string(format!("/proc/{pid}/net/unix")).unwrap_or_default();
-    // "Num RefCount Protocol Flags Type St Inode Path": the inode is the 7th.
-    if unix
-        .lines()
-        .skip(1)
-        .any(|l| l.split_whitespace().nth(6).and_then(|i| i.parse::<u64>().ok()) == Some(inode))
-    {
-        h.peer_family = AF_UNIX;
+}
+
+impl Table {
+    fn read(pid: u32) -> Table {
+        let mut table = Table::default();
+        for (name, family) in [
+            ("tcp", AF_INET),
+            ("tcp6", AF_INET6),
+            ("udp", AF_INET),
+            ("udp6", AF_INET6),
+        ] {
+            let text = std::fs::read_to_string(format!("/proc/{pid}/net/{name}")).unwrap_or_default();
+            for row in text.lines().skip(1).filter_map(Row::parse) {
+                let listening = row.state == TCP_LISTEN && name.starts_with("tcp");
+                table.ip.insert(row.inode, (row, family, listening));
+            }
+        }
+        let unix = std::fs::read_to_string(format!("/proc/{pid}/net/unix")).unwrap_or_default();
+        // "Num RefCount Protocol Flags Type St Inode Path": the inode is the 7th.
+        table.unix = unix
+            .lines()
+            .skip(1)
+            .filter_map(|l| l.split_whitespace().nth(6)?.parse().ok())
+            .collect();
+        table
     }
-    O::RPROF_WALL_OBJECT_SOCKET.0
 }
 
 /// A row of /proc/net/{tcp,tcp6,udp,udp6}.

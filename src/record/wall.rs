@@ -40,7 +40,7 @@ const GC_TRIES: usize = 5;
 pub fn sweep(probe: &mut Probe, processes: &mut Processes, collector: &mut Collector) -> Result<()> {
     for pass in 0..2 {
         let mut seeded = false;
-        let mut lists = ThreadLists::default();
+        let mut reads = Reads::default();
         for t in probe.wall_sweep()? {
             keep_named(&t, collector);
             for slot in t.slots.iter().filter(|s| s.pending != 0) {
@@ -53,7 +53,7 @@ pub fn sweep(probe: &mut Probe, processes: &mut Processes, collector: &mut Colle
             let Some(sample) = processes
                 .get(t.pid, t.start_ticks)
                 .and_then(|f| f.ruby.as_ref())
-                .and_then(|ruby| blocked_stack(&ruby.target, &t, &mut lists, beyond))
+                .and_then(|ruby| blocked_stack(&ruby.target, &t, &mut reads, beyond))
             else {
                 continue;
             };
@@ -152,7 +152,6 @@ fn header_of(pid: u32, start_ticks: u64, tid: u32) -> types::rprof_sample_header
 /// stack the sweep took (--kernel), and with --native, why it has no native
 /// frames (userspace cannot unwind them: that takes the thread's registers
 /// and the unwind tables BPF has).
-#[derive(Default)]
 struct Beyond {
     kernel: Vec<u64>,
     native_stop: u32,
@@ -182,11 +181,11 @@ impl Beyond {
 fn blocked_stack(
     target: &RubyTarget,
     t: &types::rprof_wall_thread,
-    lists: &mut ThreadLists,
+    reads: &mut Reads,
     beyond: Beyond,
 ) -> Option<Sample> {
-    let (mut header, frames) = blocked_record(target, t, lists)?;
-    object_now(target, t, &mut header);
+    let (mut header, frames) = blocked_record(target, t, &mut reads.threads)?;
+    header.wall_object = object_now(target, t, &mut reads.sockets, &mut header);
     header.native_stop = beyond.native_stop;
     header.nkernel = beyond.kernel.len() as u32;
     let mut sample = finish(header, frames, &beyond.kernel);
@@ -237,13 +236,13 @@ fn blocked_record(
 }
 
 /// What the system call of `t`, blocked, waits on (`object_of` in BPF, from
-/// /proc), into `h`: the kind of its descriptor, and a socket's peer.
-fn object_now(target: &RubyTarget, t: &types::rprof_wall_thread, h: &mut types::rprof_sample_header) {
-    h.wall_object = object_read(target, t, h);
-}
-
-/// `object_now`'s object kind.
-fn object_read(target: &RubyTarget, t: &types::rprof_wall_thread, h: &mut types::rprof_sample_header) -> u32 {
+/// /proc): the kind of its descriptor; a socket's peer into `h`.
+fn object_now(
+    target: &RubyTarget,
+    t: &types::rprof_wall_thread,
+    sockets: &mut peer::Sockets,
+    h: &mut types::rprof_sample_header,
+) -> u32 {
     use std::os::unix::fs::{FileTypeExt, MetadataExt};
     use types::rprof_wall_object as O;
     let waits_on_a_call = [
@@ -286,7 +285,7 @@ fn object_read(target: &RubyTarget, t: &types::rprof_wall_thread, h: &mut types:
     };
     let kind = meta.file_type();
     if kind.is_socket() {
-        peer::from_proc(t.pid, meta.ino(), h)
+        sockets.describe(t.pid, meta.ino(), h)
     } else if kind.is_fifo() {
         O::RPROF_WALL_OBJECT_PIPE.0
     } else if kind.is_file() {
@@ -305,6 +304,14 @@ fn known_or(t: &types::rprof_wall_thread, read: u32) -> u32 {
     } else {
         read
     }
+}
+
+/// What a sweep reads of a process once, for all its threads whose stacks
+/// it reads.
+#[derive(Default)]
+struct Reads {
+    threads: ThreadLists,
+    sockets: peer::Sockets,
 }
 
 /// Ruby 2.7 (no thread-local EC): each process's Ruby threads, read from its
