@@ -1108,17 +1108,63 @@ static __always_inline __u32 socket_peer(struct file *file, struct wall_walk *r)
 	return RPROF_WALL_OBJECT_SOCKET;
 }
 
+/* The open file `fd` of `task`, or 0. */
+static __always_inline struct file *file_of(struct task_struct *task, __u64 fd)
+{
+	struct fdtable *fdt = BPF_CORE_READ(task, files, fdt);
+	struct file *file = 0, **fds;
+
+	if (!fdt || fd >= BPF_CORE_READ(fdt, max_fds))
+		return 0;
+	fds = BPF_CORE_READ(fdt, fd);
+	if (bpf_probe_read_kernel(&file, sizeof(file), fds + fd))
+		return 0;
+	return file;
+}
+
+/* Whether `file` is an eventfd: its name "[eventfd]" ("anon_inode:[eventfd]"
+ * in /proc/PID/fd). */
+static __always_inline bool is_eventfd(struct file *file)
+{
+	static const char want[10] = "[eventfd]";
+	char name[10] = {};
+
+	if (!file || bpf_probe_read_kernel_str(
+			 name, sizeof(name), BPF_CORE_READ(file, f_path.dentry, d_name.name)) != 10)
+		return false;
+#pragma unroll
+	for (int i = 0; i < 9; i++)
+		if (name[i] != want[i])
+			return false;
+	return true;
+}
+
+/* The descriptor a poll of `nfds` descriptors at `ufds` waits on, or -1:
+ * Ruby waits for one descriptor, and on 2.7-3.2 the thread that holds the
+ * VM's signal eventfd (sigwait_fd, one thread at a time) polls it second. */
+static __always_inline __s64 polled_fd(struct task_struct *task, void *ufds, __u64 nfds)
+{
+	struct {
+		__s32 fd;
+		__s16 events, revents;
+	} fds[2] = {};
+
+	if (nfds < 1 || nfds > 2 || bpf_probe_read_user(fds, nfds * sizeof(fds[0]), ufds) ||
+	    fds[0].fd < 0)
+		return -1;
+	if (nfds == 2 && !is_eventfd(file_of(task, fds[1].fd)))
+		return -1;
+	return fds[0].fd;
+}
+
 /* wall: what the system call `task`, the current task, is blocked in waits
  * on: the kind of its file descriptor (x86-64 system call numbers), and
  * into `r` a socket's peer. */
 static __always_inline __u32 object_of(struct task_struct *task, __s32 syscall, struct wall_walk *r)
 {
 	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
-	struct file *file = 0, **fds;
-	struct fdtable *fdt;
-	__u64 fd;
-	__u32 mode;
-	int first = -1;
+	struct file *file;
+	__s64 fd;
 
 	if (!regs)
 		return RPROF_WALL_OBJECT_NONE;
@@ -1131,24 +1177,16 @@ static __always_inline __u32 object_of(struct task_struct *task, __s32 syscall, 
 		fd = BPF_CORE_READ(regs, di);
 		break;
 	case 7:	  /* poll */
-	case 271: /* ppoll: Ruby's wait for one descriptor */
-		if (BPF_CORE_READ(regs, si) != 1 ||
-		    bpf_probe_read_user(&first, sizeof(first), (void *)BPF_CORE_READ(regs, di)) ||
-		    first < 0)
-			return RPROF_WALL_OBJECT_NONE;
-		fd = first;
+	case 271: /* ppoll */
+		fd = polled_fd(task, (void *)BPF_CORE_READ(regs, di), BPF_CORE_READ(regs, si));
 		break;
 	default:
 		return RPROF_WALL_OBJECT_NONE;
 	}
-	fdt = BPF_CORE_READ(task, files, fdt);
-	if (!fdt || fd >= BPF_CORE_READ(fdt, max_fds))
+	file = fd < 0 ? 0 : file_of(task, fd);
+	if (!file)
 		return RPROF_WALL_OBJECT_NONE;
-	fds = BPF_CORE_READ(fdt, fd);
-	if (bpf_probe_read_kernel(&file, sizeof(file), fds + fd) || !file)
-		return RPROF_WALL_OBJECT_NONE;
-	mode = BPF_CORE_READ(file, f_inode, i_mode) & S_IFMT;
-	switch (mode) {
+	switch (BPF_CORE_READ(file, f_inode, i_mode) & S_IFMT) {
 	case S_IFSOCK:
 		return socket_peer(file, r);
 	case S_IFIFO:

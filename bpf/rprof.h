@@ -423,7 +423,7 @@ struct rprof_wall_slot {
  * for the waits whose stack is walked, like the stack: a kind of time is
  * its state and system call, and its split by object is the walked waits'. */
 enum rprof_wall_object {
-	RPROF_WALL_OBJECT_NONE = 0, /* no descriptor, or several */
+	RPROF_WALL_OBJECT_NONE = 0, /* no descriptor, or several (bar Ruby's eventfd) */
 	RPROF_WALL_OBJECT_SOCKET = 1,
 	RPROF_WALL_OBJECT_PIPE = 2,
 	RPROF_WALL_OBJECT_FILE = 3,

@@ -6,7 +6,7 @@ mod common;
 use std::io::{Read, Write};
 use std::net::TcpListener;
 use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::{go_pprof, label, record, Busy, Folded, Ruby, Target};
 
@@ -293,6 +293,80 @@ fn parked_threads_stitched_ruby_3_4() {
 #[test]
 fn parked_threads_on_a_busy_machine() {
     parked_threads(&Ruby::host(), Parked::Busy);
+}
+
+/// sigwait.rb's waiter once it polls: its thread id, and how many
+/// descriptors it polls (read from /proc: the chroots of other Rubies have
+/// none, and 2.7 has no `Thread#native_thread_id`).
+fn waiter_polling(pid: u32) -> (String, u64) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).expect("the target's threads");
+        for task in tasks.map_while(Result::ok) {
+            let path = task.path();
+            let comm = std::fs::read_to_string(path.join("comm")).unwrap_or_default();
+            let call = std::fs::read_to_string(path.join("syscall")).unwrap_or_default();
+            let words: Vec<&str> = call.split_whitespace().collect();
+            if comm.trim_end() == "waiter" && matches!(words.first(), Some(&"7" | &"271")) {
+                let nfds = u64::from_str_radix(words[2].trim_start_matches("0x"), 16).expect("nfds");
+                return (task.file_name().to_string_lossy().into_owned(), nfds);
+            }
+        }
+        assert!(Instant::now() < deadline, "sigwait.rb's waiter never polled");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// On Ruby 2.7-3.2 the thread holding the VM's signal eventfd polls it
+/// beside the descriptor it waits on (`nfds` 2, else 1): its waits still
+/// name the socket, the first (under way at attach: read from userspace)
+/// and the later ones (seen begin: walked in BPF). Once they named nothing
+/// (seen on wall_states.rb's acceptor, whichever thread took the eventfd).
+fn waits_beside_the_signal_fd(ruby: &Ruby, nfds: u64) {
+    let target = ruby.spawn("sigwait.rb", &[]);
+    let (tid, polled) = waiter_polling(target.pid);
+    assert_eq!(
+        polled, nfds,
+        "Ruby {}: the waiter polls {polled} descriptors",
+        ruby.name
+    );
+    let run = record(target.pid, &["-d", "3", "wall"]);
+    assert!(run.success, "Ruby {}: {}", ruby.name, run.stderr);
+    let f = run.folded.of_thread(&tid);
+    let report = format!("Ruby {}: waiter:\n{}", ruby.name, stacks_of(&f));
+    let socket = format!("(socket 127.0.0.1:{})", target.get("peer_port"));
+    // Its polls: a leaf `[blocked: poll...` or `[blocked: ppoll...` (not
+    // the odd microseconds it blocks on a futex of Ruby's own).
+    let calls = ["[blocked: poll", "[blocked: ppoll"];
+    let blocked = in_state(&f, |l| calls.iter().any(|call| l.starts_with(call)));
+    let named = in_state(&f, |l| {
+        calls
+            .iter()
+            .any(|call| l.strip_prefix(call) == Some(&format!(" {socket}]")))
+    });
+    // A byte every 0.3 s: about 10 waits, each woken into a wait for the
+    // GVL the main thread spins with.
+    assert!(
+        blocked >= 1_000_000 && in_state(&f, |l| l == "[waiting for the GVL]") > 0,
+        "{report}"
+    );
+    assert_eq!(named, blocked, "{report} (polled without naming the socket)");
+}
+
+#[test]
+fn waits_beside_the_signal_fd_ruby_2_7() {
+    waits_beside_the_signal_fd(&Ruby::named("2.7"), 2);
+}
+
+#[test]
+fn waits_beside_the_signal_fd_ruby_3_1() {
+    waits_beside_the_signal_fd(&Ruby::host(), 2);
+}
+
+/// 3.3 on have no signal eventfd.
+#[test]
+fn waits_beside_the_signal_fd_ruby_3_4() {
+    waits_beside_the_signal_fd(&Ruby::named("3.4"), 1);
 }
 
 /// A backend that answers each connection's byte with one, `delay` later.

@@ -267,17 +267,10 @@ fn object_now(
         .collect();
     let fd = match words.as_slice() {
         [0..=1 | 17..=20 | 42..=47 | 72..=75 | 288, fd, ..] => *fd,
-        [7 | 271, fds, 1, ..] => {
-            let mut first = [0u8; 4];
-            let space: &dyn AddressSpace = &target.process;
-            if space.read(*fds, &mut first).is_err() {
-                return O::RPROF_WALL_OBJECT_NONE.0;
-            }
-            match u64::try_from(i32::from_ne_bytes(first)) {
-                Ok(fd) => fd,
-                Err(_) => return O::RPROF_WALL_OBJECT_NONE.0,
-            }
-        }
+        [7 | 271, fds, nfds, ..] => match polled_fd(target, t.pid, *fds, *nfds) {
+            Some(fd) => fd,
+            None => return O::RPROF_WALL_OBJECT_NONE.0,
+        },
         _ => return O::RPROF_WALL_OBJECT_NONE.0,
     };
     let Ok(meta) = std::fs::metadata(format!("/proc/{}/fd/{fd}", t.pid)) else {
@@ -295,6 +288,26 @@ fn object_now(
     } else {
         O::RPROF_WALL_OBJECT_NONE.0
     }
+}
+
+/// The descriptor a poll of `nfds` descriptors at `ufds` waits on
+/// (`polled_fd` in BPF): Ruby waits for one descriptor, and on 2.7-3.2 the
+/// thread that holds the VM's signal eventfd (one thread at a time) polls it
+/// second.
+fn polled_fd(target: &RubyTarget, pid: u32, ufds: u64, nfds: u64) -> Option<u64> {
+    // struct pollfd: int fd; short events, revents.
+    let mut fds = [0u8; 16];
+    let n = usize::try_from(nfds).ok().filter(|n| (1..=2).contains(n))?;
+    let space: &dyn AddressSpace = &target.process;
+    space.read(ufds, &mut fds[..n * 8]).ok()?;
+    let fd_at = |i: usize| i32::from_ne_bytes([fds[i * 8], fds[i * 8 + 1], fds[i * 8 + 2], fds[i * 8 + 3]]);
+    if n == 2 {
+        let link = std::fs::read_link(format!("/proc/{pid}/fd/{}", fd_at(1))).ok()?;
+        if link.as_os_str() != "anon_inode:[eventfd]" {
+            return None;
+        }
+    }
+    u64::try_from(fd_at(0)).ok()
 }
 
 /// The state BPF saw `t`'s wait begin in, if it saw it; else `read`.
