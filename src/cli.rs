@@ -28,6 +28,12 @@ pub enum Command {
     Record(RecordArgs),
     /// Render a recording (.rprof) again, in another format.
     Report(ReportArgs),
+    /// Compare two recordings (.rprof): what grew and what shrank.
+    #[command(after_help = "EXAMPLES:\n  \
+        rprof diff before.rprof after.rprof -o diff.svg        red grew, blue shrank\n  \
+        rprof diff before.rprof after.rprof --format summary   functions by change in share\n  \
+        rprof diff before.rprof after.rprof --absolute -o d.svg  counts as recorded, not shares")]
+    Diff(DiffArgs),
     /// Write rprof's man pages into a directory, or a shell's completions to
     /// standard output (for packages).
     #[command(hide = true)]
@@ -39,7 +45,7 @@ pub enum Command {
 
 #[derive(Debug, Subcommand)]
 pub enum Generate {
-    /// rprof.1, rprof-record.1, rprof-report.1 into DIR.
+    /// rprof.1 and a page per command (rprof-record.1...) into DIR.
     Man { dir: PathBuf },
     /// Completions for SHELL.
     Completions { shell: clap_complete::Shell },
@@ -176,11 +182,42 @@ pub enum Event {
 }
 
 #[derive(Debug, Args)]
+pub struct DiffArgs {
+    /// The recording before (.rprof).
+    pub before: PathBuf,
+    /// The recording after.
+    pub after: PathBuf,
+    /// Output file (default: AFTER's name with `.diff` and the format's
+    /// extension; summary: the terminal).
+    #[arg(short, long)]
+    pub output: Option<PathBuf>,
+    /// svg (a differential flame graph: after's shape, red grew, blue
+    /// shrank), flame, folded (`stack before after`) or summary (default:
+    /// from the output's extension, else svg).
+    #[arg(long, value_enum)]
+    pub format: Option<Format>,
+    #[command(flatten)]
+    pub compare: CompareArgs,
+}
+
+/// How two recordings are compared.
+#[derive(Debug, Args)]
+pub struct CompareArgs {
+    /// Compare counts as recorded, not shares of each recording's total.
+    #[arg(long)]
+    pub absolute: bool,
+    /// summary format: by source line rather than by function.
+    #[arg(long)]
+    pub by_line: bool,
+}
+
+#[derive(Debug, Args)]
 #[command(after_help = "EXAMPLES:\n  \
     rprof report -i rec.rprof --format summary            top functions in the terminal\n  \
     rprof report -i rec.rprof -o rec.pb.gz                pprof, for go tool pprof, Pyroscope...\n  \
     rprof report -i rec.rprof --from 10s --to 20s -o w.svg  seconds 10 to 20 only\n  \
-    rprof report -i rec.rprof --pid 4242 --threads        one process, split by thread")]
+    rprof report -i rec.rprof --pid 4242 --threads        one process, split by thread\n  \
+    rprof report -i after.rprof --diff before.rprof       what changed since before.rprof")]
 pub struct ReportArgs {
     /// A recording (written with --raw, or --format rprof).
     #[arg(short, long)]
@@ -214,6 +251,13 @@ pub struct ReportArgs {
     /// summary format: by source line rather than by function.
     #[arg(long)]
     pub by_line: bool,
+    /// Compare with this recording, from before (as `rprof diff BEFORE
+    /// INPUT`; cut to the same --from, --to, --pid and --thread).
+    #[arg(long, value_name = "BEFORE")]
+    pub diff: Option<PathBuf>,
+    /// With --diff: compare counts as recorded, not shares.
+    #[arg(long, requires = "diff")]
+    pub absolute: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

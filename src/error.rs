@@ -61,4 +61,23 @@ pub enum UserError {
 
     #[error("cannot tell the format of {path} from its extension: give --format (svg, flame, folded, speedscope, pprof, summary, rprof)")]
     UnknownExtension { path: String },
+
+    #[error("rprof diff writes svg, flame, folded or summary, not {given}: give one of those with --format or -o's extension")]
+    DiffFormat { given: String },
+
+    #[error("{before} and {after} record different things ({what_before} and {what_after}): compare recordings of one event")]
+    DiffEvents {
+        before: String,
+        after: String,
+        what_before: String,
+        what_after: String,
+    },
+
+    #[error("{before} and {after} were sampled at different frequencies ({what_before} and {what_after}): their counts do not compare; leave out --absolute to compare shares")]
+    DiffFrequencies {
+        before: String,
+        after: String,
+        what_before: String,
+        what_after: String,
+    },
 }

@@ -141,6 +141,24 @@ fn run(cli: Cli) -> Result<ExitCode> {
             report(args)?;
             Ok(ExitCode::SUCCESS)
         }
+        Command::Diff(args) => {
+            recording::report::report(ReportConfig {
+                input: args.after,
+                output: args.output,
+                format: args.format,
+                from: None,
+                to: None,
+                pids: Vec::new(),
+                threads: Vec::new(),
+                render: RenderOptions {
+                    by_line: args.compare.by_line,
+                    ..RenderOptions::default()
+                },
+                diff: Some(args.before),
+                absolute: args.compare.absolute,
+            })?;
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Generate { what } => {
             generate(what)?;
             Ok(ExitCode::SUCCESS)
@@ -189,5 +207,7 @@ fn report(args: ReportArgs) -> Result<()> {
             threads: args.threads,
             by_line: args.by_line,
         },
+        diff: args.diff,
+        absolute: args.absolute,
     })
 }

@@ -98,7 +98,7 @@ fn man_pages_and_completions_come_from_the_command_line_itself() {
     let dir = tempfile::tempdir().expect("tempdir");
     let out = rprof(&["generate", "man", dir.path().to_str().expect("utf8")]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    for page in ["rprof.1", "rprof-record.1", "rprof-report.1"] {
+    for page in ["rprof.1", "rprof-record.1", "rprof-report.1", "rprof-diff.1"] {
         let shown = Command::new("man")
             .arg("-l")
             .arg(dir.path().join(page))

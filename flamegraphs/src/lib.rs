@@ -25,6 +25,7 @@ use std::io::{self, Write};
 
 use serde::{Deserialize, Serialize};
 
+pub mod diff;
 pub mod pprof;
 mod samples;
 pub mod speedscope;

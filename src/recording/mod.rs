@@ -3,6 +3,7 @@
 //! format through the `flamegraphs` crate, and `rprof report` ([`report`]).
 
 pub mod continuous;
+pub mod diff;
 pub mod file;
 pub mod report;
 
@@ -269,11 +270,17 @@ impl std::fmt::Display for Output {
 /// Renders `r` as `format` into `output`, a file written whole then renamed
 /// into place, so that no reader ever sees half of it.
 pub fn write_output(r: &Recording, output: &Output, format: Format, opts: &RenderOptions) -> Result<()> {
+    write_with(output, |w| render(r, format, opts, w))
+}
+
+/// Writes what `render` writes into `output`: a file written whole then
+/// renamed into place, a device or pipe in place, or standard output.
+pub fn write_with(output: &Output, render: impl Fn(&mut dyn Write) -> Result<()>) -> Result<()> {
     let path = match output {
         Output::Stdout => {
             let stdout = std::io::stdout();
             let mut w = stdout.lock();
-            render(r, format, opts, &mut w)?;
+            render(&mut w)?;
             return w.flush().context("writing to standard output");
         }
         Output::File(p) => p,
@@ -286,14 +293,14 @@ pub fn write_output(r: &Recording, output: &Output, format: Format, opts: &Rende
                 .open(path)
                 .with_context(|| format!("opening {}", path.display()))?,
         );
-        render(r, format, opts, &mut w)?;
+        render(&mut w)?;
         return w.flush().with_context(|| format!("writing {}", path.display()));
     }
     let tmp = temporary_name(path);
     let written = (|| -> Result<()> {
         let file = File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
         let mut w = BufWriter::new(file);
-        render(r, format, opts, &mut w)?;
+        render(&mut w)?;
         w.flush()?;
         Ok(())
     })();

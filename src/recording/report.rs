@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use anyhow::Result;
 
-use super::{write_output, Output, RenderOptions};
+use super::diff::{self, Compare, Named};
+use super::{write_output, Output, Recording, RenderOptions};
 use crate::cli::Format;
 
 /// What `rprof report` was asked for, its arguments checked.
@@ -24,16 +25,79 @@ pub struct ReportConfig {
     /// Only these threads, by id, name or label (none: all).
     pub threads: Vec<String>,
     pub render: RenderOptions,
+    /// Compared with this recording, from before (`rprof diff`).
+    pub diff: Option<PathBuf>,
+    /// With `diff`: counts as recorded, not shares.
+    pub absolute: bool,
 }
 
-/// Reads the recording, keeps what was asked for and writes it.
+/// Reads the recording, keeps what was asked for and writes it (compared
+/// with the one before, for `--diff`).
 pub fn report(config: ReportConfig) -> Result<()> {
-    let read = super::file::read(&config.input)?;
+    let r = load(&config.input, &config)?;
+    let format = Format::for_output(config.format, config.output.as_deref())?;
+    let before = config.diff.as_ref().map(|path| load(path, &config)).transpose()?;
+    if before.is_some() {
+        diff::check_format(format)?;
+    }
+    let output = match (&config.output, format) {
+        (Some(p), _) => Output::from_path(p),
+        (None, Format::Summary) => Output::Stdout,
+        (None, _) if before.is_some() => Output::File(
+            config
+                .input
+                .with_extension(format!("diff.{}", format.extension())),
+        ),
+        (None, _) => Output::File(config.input.with_extension(format.extension())),
+    };
+    for input in std::iter::once(&config.input).chain(&config.diff) {
+        if output == Output::File(input.clone()) {
+            anyhow::bail!("refusing to overwrite {} with the report", input.display());
+        }
+    }
+    match (&before, &config.diff) {
+        (Some(before), Some(path)) => {
+            let compare = Compare {
+                absolute: config.absolute,
+                by_line: config.render.by_line,
+            };
+            let (b, a) = (
+                Named {
+                    path,
+                    recording: before,
+                },
+                Named {
+                    path: &config.input,
+                    recording: &r,
+                },
+            );
+            diff::write(&b, &a, &output, format, &compare)?;
+        }
+        _ => write_output(&r, &output, format, &config.render)?,
+    }
+    if output == Output::Stdout {
+        return Ok(());
+    }
+    match &config.diff {
+        Some(path) => eprintln!(
+            "rprof: wrote {output}: {} against {}",
+            config.input.display(),
+            path.display()
+        ),
+        None => eprintln!("rprof: wrote {output}: {}", r.describe()),
+    }
+    Ok(())
+}
+
+/// A recording read back, cut to the window, processes and threads asked
+/// for.
+fn load(path: &std::path::Path, config: &ReportConfig) -> Result<Recording> {
+    let read = super::file::read(path)?;
     let mut r = read.recording;
     if let Some((offset, why)) = read.cut_short {
         eprintln!(
             "rprof: warning: {} was cut short at byte {offset} ({why}); its first {:.1}s are reported",
-            config.input.display(),
+            path.display(),
             r.held_ns() as f64 / 1e9
         );
     }
@@ -62,22 +126,10 @@ pub fn report(config: ReportConfig) -> Result<()> {
         );
         if r.samples.total() == 0 && before > 0 {
             eprintln!(
-                "rprof: warning: nothing recorded matches --from/--to/--pid/--thread ({before} in all)"
+                "rprof: warning: nothing recorded matches --from/--to/--pid/--thread in {} ({before} in all)",
+                path.display()
             );
         }
     }
-    let format = Format::for_output(config.format, config.output.as_deref())?;
-    let output = match (config.output, format) {
-        (Some(p), _) => Output::from_path(&p),
-        (None, Format::Summary) => Output::Stdout,
-        (None, _) => Output::File(config.input.with_extension(format.extension())),
-    };
-    if output == Output::File(config.input.clone()) {
-        anyhow::bail!("refusing to overwrite {} with itself", config.input.display());
-    }
-    write_output(&r, &output, format, &config.render)?;
-    if output != Output::Stdout {
-        eprintln!("rprof: wrote {output}: {}", r.describe());
-    }
-    Ok(())
+    Ok(r)
 }
