@@ -28,6 +28,15 @@ pub enum Command {
     Record(RecordArgs),
     /// Render a recording (.rprof) again, in another format.
     Report(ReportArgs),
+    /// A live view of what runs now: functions by share, refreshed every
+    /// second (q quits; with -o, writes what was recorded).
+    #[command(after_help = "EXAMPLES:\n  \
+        rprof top -p 1234                     the hottest functions, live\n  \
+        rprof top -p 1234 --subprocesses      a whole Puma cluster, by process\n  \
+        rprof top -p 1234 wall                where every thread's time goes, live\n  \
+        rprof top -p 1234 -d 10 | cat         plain text every second, not a screen\n\n\
+        KEYS: s/t sort by self/total share, a the same since start, h by thread or merged, q quit")]
+    Top(RecordArgs),
     /// Compare two recordings (.rprof): what grew and what shrank.
     #[command(after_help = "EXAMPLES:\n  \
         rprof diff before.rprof after.rprof -o diff.svg        red grew, blue shrank\n  \

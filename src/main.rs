@@ -50,91 +50,21 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> Result<ExitCode> {
     match cli.command {
         Command::Record(args) => {
-            let (event, extra_command) = match args.event {
-                None => (
-                    EventSpec::Cpu {
-                        frequency: args.frequency,
-                    },
-                    Vec::new(),
-                ),
-                Some(Event::Cpu { command }) => (
-                    EventSpec::Cpu {
-                        frequency: args.frequency,
-                    },
-                    command,
-                ),
-                Some(Event::Wall { command }) => (
-                    EventSpec::Wall {
-                        frequency: args.frequency,
-                    },
-                    command,
-                ),
-                Some(Event::Syscall { names, list, command }) => {
-                    let known = system::syscall_tracepoints()?;
-                    if list {
-                        for name in known {
-                            println!("{name}");
-                        }
-                        return Ok(ExitCode::SUCCESS);
-                    }
-                    let tracepoints = names
-                        .iter()
-                        .map(|n| system::syscall_tracepoint(n, &known))
-                        .collect::<Result<Vec<_>, _>>()?;
-                    (EventSpec::Syscalls(tracepoints), command)
-                }
+            let Some(cfg) = record_config(args)? else {
+                return Ok(ExitCode::SUCCESS);
             };
-            let mut command = args.command;
-            command.extend(extra_command);
-            let target = match (args.pid.is_empty(), command.is_empty()) {
-                (false, true) => Target::Pids(args.pid),
-                (true, false) => Target::Command(command),
-                (false, false) => anyhow::bail!("give either -p PID or a command after --, not both"),
-                (true, true) => anyhow::bail!(
-                    "nothing to profile: give -p PID or a command after -- (see rprof record --help)"
-                ),
+            let status = record::record(cfg)?;
+            Ok(status.map_or(ExitCode::SUCCESS, |s| ExitCode::from(launch::exit_code(s))))
+        }
+        Command::Top(args) => {
+            let Some(mut cfg) = record_config(args)? else {
+                return Ok(ExitCode::SUCCESS);
             };
-            let duration = match args.duration {
-                Some(d) if !(d > 0.0 && d.is_finite()) => {
-                    anyhow::bail!("-d/--duration must be a positive number of seconds")
-                }
-                Some(d) => Some(Duration::from_secs_f64(d)),
-                None => None,
-            };
-            let continuous = match (&args.rotate, &args.flight_recorder) {
-                (Some(every), _) => Some(Continuous::Rotate {
-                    every: positive(cli::parse_duration(every)?, "--rotate")?,
-                    keep: args.keep,
-                }),
-                (None, Some(window)) => Some(Continuous::FlightRecorder {
-                    window: positive(cli::parse_duration(window)?, "--flight-recorder")?,
-                }),
-                (None, None) => None,
-            };
-            if args.keep == Some(0) {
-                anyhow::bail!("--keep 0 would keep nothing: give at least 1");
+            if cfg.continuous.is_some() || cfg.raw.is_some() {
+                anyhow::bail!("rprof top shows what runs now: --rotate, --flight-recorder and --raw belong to rprof record");
             }
-            let status = record::record(RecordConfig {
-                target,
-                duration,
-                event,
-                output: args.output,
-                format: args.format,
-                raw: args.raw,
-                continuous,
-                quiet: args.quiet,
-                force_version: args.force_version,
-                as_root: args.root,
-                subprocesses: args.subprocesses,
-                render: RenderOptions {
-                    processes: args.processes,
-                    threads: args.threads,
-                    by_line: args.by_line,
-                },
-                native: args.native || args.native_all,
-                native_all: args.native_all,
-                kernel: args.kernel,
-            })?;
+            cfg.top = true;
+            let status = record::record(cfg)?;
             Ok(status.map_or(ExitCode::SUCCESS, |s| ExitCode::from(launch::exit_code(s))))
         }
         Command::Report(args) => {
@@ -164,6 +94,97 @@ fn run(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+/// `rprof record`'s (and `top`'s) arguments, checked; None once
+/// `syscall --list` has listed.
+fn record_config(args: cli::RecordArgs) -> Result<Option<RecordConfig>> {
+    let (event, extra_command) = match args.event {
+        None => (
+            EventSpec::Cpu {
+                frequency: args.frequency,
+            },
+            Vec::new(),
+        ),
+        Some(Event::Cpu { command }) => (
+            EventSpec::Cpu {
+                frequency: args.frequency,
+            },
+            command,
+        ),
+        Some(Event::Wall { command }) => (
+            EventSpec::Wall {
+                frequency: args.frequency,
+            },
+            command,
+        ),
+        Some(Event::Syscall { names, list, command }) => {
+            let known = system::syscall_tracepoints()?;
+            if list {
+                for name in known {
+                    println!("{name}");
+                }
+                return Ok(None);
+            }
+            let tracepoints = names
+                .iter()
+                .map(|n| system::syscall_tracepoint(n, &known))
+                .collect::<Result<Vec<_>, _>>()?;
+            (EventSpec::Syscalls(tracepoints), command)
+        }
+    };
+    let mut command = args.command;
+    command.extend(extra_command);
+    let target = match (args.pid.is_empty(), command.is_empty()) {
+        (false, true) => Target::Pids(args.pid),
+        (true, false) => Target::Command(command),
+        (false, false) => anyhow::bail!("give either -p PID or a command after --, not both"),
+        (true, true) => {
+            anyhow::bail!("nothing to profile: give -p PID or a command after -- (see rprof record --help)")
+        }
+    };
+    let duration = match args.duration {
+        Some(d) if !(d > 0.0 && d.is_finite()) => {
+            anyhow::bail!("-d/--duration must be a positive number of seconds")
+        }
+        Some(d) => Some(Duration::from_secs_f64(d)),
+        None => None,
+    };
+    let continuous = match (&args.rotate, &args.flight_recorder) {
+        (Some(every), _) => Some(Continuous::Rotate {
+            every: positive(cli::parse_duration(every)?, "--rotate")?,
+            keep: args.keep,
+        }),
+        (None, Some(window)) => Some(Continuous::FlightRecorder {
+            window: positive(cli::parse_duration(window)?, "--flight-recorder")?,
+        }),
+        (None, None) => None,
+    };
+    if args.keep == Some(0) {
+        anyhow::bail!("--keep 0 would keep nothing: give at least 1");
+    }
+    Ok(Some(RecordConfig {
+        target,
+        duration,
+        event,
+        output: args.output,
+        format: args.format,
+        raw: args.raw,
+        continuous,
+        quiet: args.quiet,
+        force_version: args.force_version,
+        as_root: args.root,
+        subprocesses: args.subprocesses,
+        render: RenderOptions {
+            processes: args.processes,
+            threads: args.threads,
+            by_line: args.by_line,
+        },
+        native: args.native || args.native_all,
+        native_all: args.native_all,
+        kernel: args.kernel,
+        top: false,
+    }))
 }
 
 /// Man pages and completions, from the command line's own definition.

@@ -9,6 +9,7 @@ mod progress;
 mod roots;
 mod sinks;
 mod summary;
+mod top;
 mod wall;
 
 use std::path::PathBuf;
@@ -74,6 +75,9 @@ pub struct RecordConfig {
     pub native_all: bool,
     /// Kernel frames at the leaf.
     pub kernel: bool,
+    /// `rprof top`: a live view instead of a progress line; an output only
+    /// if one is named.
+    pub top: bool,
 }
 
 /// Records until the duration ends, a stop signal, or the target exits.
@@ -139,7 +143,7 @@ pub fn record(cfg: RecordConfig) -> Result<Option<ExitStatus>> {
     system::favour_recording_thread();
     let mut session = Session {
         cfg: &cfg,
-        progress: Progress::new(cfg.quiet),
+        progress: Progress::new(cfg.quiet || cfg.top),
         unit: header.event.events_name(),
         probe,
         processes,
@@ -200,7 +204,9 @@ impl Session<'_> {
     }
 
     fn time_is_up(&self) -> bool {
-        self.signals.stopped() || self.cfg.duration.is_some_and(|d| self.started.elapsed() >= d)
+        self.signals.stopped()
+            || self.sinks.quit()
+            || self.cfg.duration.is_some_and(|d| self.started.elapsed() >= d)
     }
 
     /// A batch of records at most, and no further once time is up: a
@@ -219,6 +225,7 @@ impl Session<'_> {
     /// New processes inspected, the GC clocks followed, waiting records
     /// tried again.
     fn tick(&mut self) -> Result<()> {
+        self.sinks.keys()?;
         self.processes.inspect_pending(&mut self.probe)?;
         self.collector.warm(&self.processes, self.cfg.kernel);
         for f in self.processes.all() {

@@ -9,6 +9,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 
 use super::progress::Progress;
+use super::top::Top;
 use super::{Continuous, RecordConfig};
 use crate::cli::Format;
 use crate::heap_log::HeapLog;
@@ -28,10 +29,27 @@ pub struct Sinks {
     heap: Option<HeapLog>,
     /// The stream the output is rendered from, if not written by then.
     render_from: Option<usize>,
+    /// `rprof top`'s live view.
+    top: Option<Top>,
+    /// No output (`rprof top` without -o).
+    discard: bool,
 }
 
 impl Sinks {
+    /// Whether the live view was quit.
+    pub fn quit(&self) -> bool {
+        self.top.as_ref().is_some_and(Top::quit)
+    }
+
+    /// The keys pressed on the live view.
+    pub fn keys(&mut self) -> Result<()> {
+        self.top.as_mut().map_or(Ok(()), Top::keys)
+    }
+
     pub fn epoch(&mut self, counts: &EpochCounts, totals: &Summary, progress: &Progress) -> Result<()> {
+        if let Some(t) = &mut self.top {
+            t.epoch(counts, totals)?;
+        }
         for (i, s) in self.streams.iter_mut().enumerate().filter(|(_, s)| !s.broken()) {
             if let Err(e) = s.epoch(counts) {
                 let e = anyhow::Error::from(e).context(format!("writing {}", s.name));
@@ -109,7 +127,12 @@ pub fn open_sinks(
         flight: None,
         heap: HeapLog::from_env()?,
         render_from: None,
+        top: cfg.top.then(|| Top::new(header)),
+        discard: cfg.top && cfg.output.is_none(),
     };
+    if sinks.discard {
+        return Ok(sinks);
+    }
     if let Some(raw) = &cfg.raw {
         sinks.streams.push(
             file::Writer::new(create(raw)?, raw.display().to_string(), header)
@@ -174,7 +197,13 @@ pub fn finish_sinks(
     format: Format,
     render: &RenderOptions,
 ) -> (Vec<String>, Option<anyhow::Error>) {
+    if let Some(t) = &mut sinks.top {
+        t.finish();
+    }
     let mut written: Vec<String> = sinks.raw.iter().map(|p| p.display().to_string()).collect();
+    if sinks.discard {
+        return (written, None);
+    }
     let mut first_error = None;
     // A stream whose write failed has said so already (it stopped the recording).
     for s in sinks.streams.iter_mut().filter(|s| !s.broken()) {
