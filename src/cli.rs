@@ -226,7 +226,8 @@ pub struct CompareArgs {
     rprof report -i rec.rprof -o rec.pb.gz                pprof, for go tool pprof, Pyroscope...\n  \
     rprof report -i rec.rprof --from 10s --to 20s -o w.svg  seconds 10 to 20 only\n  \
     rprof report -i rec.rprof --pid 4242 --threads        one process, split by thread\n  \
-    rprof report -i after.rprof --diff before.rprof       what changed since before.rprof")]
+    rprof report -i after.rprof --diff before.rprof       what changed since before.rprof\n  \
+    rprof report -i rec.rprof --open                      one HTML page, opened in a browser")]
 pub struct ReportArgs {
     /// A recording (written with --raw, or --format rprof).
     #[arg(short, long)]
@@ -267,6 +268,10 @@ pub struct ReportArgs {
     /// With --diff: compare counts as recorded, not shares.
     #[arg(long, requires = "diff")]
     pub absolute: bool,
+    /// Open what is written in a browser ($BROWSER, else xdg-open when
+    /// there is a display); html unless another format is asked for.
+    #[arg(long)]
+    pub open: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -283,6 +288,9 @@ pub enum Format {
     Pprof,
     /// A table of the top functions by self and total share.
     Summary,
+    /// One self-contained page: the flame graph, the summary, what was
+    /// recorded.
+    Html,
     /// rprof's own recording, for `rprof report`.
     Rprof,
 }
@@ -295,6 +303,7 @@ impl Format {
             Format::Speedscope => "speedscope.json",
             Format::Pprof => "pb.gz",
             Format::Summary => "txt",
+            Format::Html => "html",
             Format::Rprof => "rprof",
         }
     }
@@ -327,6 +336,8 @@ impl Format {
             (".pprof", Format::Pprof),
             (".pb", Format::Pprof),
             (".txt", Format::Summary),
+            (".html", Format::Html),
+            (".htm", Format::Html),
             (".rprof", Format::Rprof),
         ];
         formats
@@ -388,6 +399,7 @@ mod tests {
             Format::Speedscope,
             Format::Pprof,
             Format::Summary,
+            Format::Html,
             Format::Rprof,
         ] {
             assert_eq!(

@@ -59,7 +59,7 @@ pub enum UserError {
     )]
     BadDuration { given: String },
 
-    #[error("cannot tell the format of {path} from its extension: give --format (svg, flame, folded, speedscope, pprof, summary, rprof)")]
+    #[error("cannot tell the format of {path} from its extension: give --format (svg, flame, folded, speedscope, pprof, summary, html, rprof)")]
     UnknownExtension { path: String },
 
     #[error("rprof diff writes svg, flame, folded or summary, not {given}: give one of those with --format or -o's extension")]

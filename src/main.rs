@@ -86,6 +86,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 },
                 diff: Some(args.before),
                 absolute: args.compare.absolute,
+                open: false,
             })?;
             Ok(ExitCode::SUCCESS)
         }
@@ -230,5 +231,6 @@ fn report(args: ReportArgs) -> Result<()> {
         },
         diff: args.diff,
         absolute: args.absolute,
+        open: args.open,
     })
 }

@@ -26,6 +26,7 @@ use std::io::{self, Write};
 use serde::{Deserialize, Serialize};
 
 pub mod diff;
+pub mod html;
 pub mod pprof;
 mod samples;
 pub mod speedscope;

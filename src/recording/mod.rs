@@ -341,31 +341,45 @@ fn render(r: &Recording, format: Format, opts: &RenderOptions, w: &mut dyn Write
         ),
         None => format!("{total} (the recording was cut short)"),
     };
+    let svg = |icicle: bool, w: &mut dyn Write| -> Result<()> {
+        let opts = flamegraphs::SvgOptions {
+            title: title.clone(),
+            subtitle: Some(counts.clone()),
+            count_name: count_name.clone(),
+            icicle,
+        };
+        Ok(r.samples.profile(&split).write_svg(w, &opts)?)
+    };
+    let summary = |w: &mut dyn Write| -> Result<()> {
+        let opts = SummaryOptions {
+            by_line: opts.by_line,
+            limit: 40,
+            title: format!("{title}: {counts}"),
+            count_name: count_name.clone(),
+        };
+        // `wall`: with thread frames, for its time by thread and state
+        // (the function rows leave them out).
+        let split = Split {
+            threads: r.samples.unit == Unit::Wall,
+            ..Split::default()
+        };
+        Ok(flamegraphs::summary::write(&r.samples.profile(&split), &opts, w)?)
+    };
     match format {
-        Format::Svg | Format::Flame => {
-            let opts = flamegraphs::SvgOptions {
-                title,
-                subtitle: Some(counts),
-                count_name,
-                icicle: format == Format::Svg,
-            };
-            r.samples.profile(&split).write_svg(w, &opts)?;
-        }
+        Format::Svg | Format::Flame => svg(format == Format::Svg, w)?,
         Format::Folded => r.samples.profile(&split).write_folded(w)?,
-        Format::Summary => {
-            let opts = SummaryOptions {
-                by_line: opts.by_line,
-                limit: 40,
-                title: format!("{title}: {counts}"),
-                count_name,
+        Format::Summary => summary(w)?,
+        Format::Html => {
+            let (mut graph, mut table) = (Vec::new(), Vec::new());
+            svg(true, &mut graph)?;
+            summary(&mut table)?;
+            let page = flamegraphs::html::Page {
+                title: title.clone(),
+                subtitle: counts.clone(),
+                summary: String::from_utf8_lossy(&table).into_owned(),
+                facts: facts(r),
             };
-            // `wall`: with thread frames, for its time by thread and state
-            // (the function rows leave them out).
-            let split = Split {
-                threads: r.samples.unit == Unit::Wall,
-                ..Split::default()
-            };
-            flamegraphs::summary::write(&r.samples.profile(&split), &opts, w)?;
+            flamegraphs::html::write(&page, &graph, w)?;
         }
         Format::Speedscope => {
             let exporter = format!("rprof {}", env!("CARGO_PKG_VERSION"));
@@ -386,6 +400,17 @@ fn render(r: &Recording, format: Format, opts: &RenderOptions, w: &mut dyn Write
         Format::Rprof => file::write_whole(r, w)?,
     }
     Ok(())
+}
+
+/// What a recording's header says, as rows of the HTML page.
+fn facts(r: &Recording) -> Vec<(String, String)> {
+    vec![
+        ("target".to_string(), r.header.target.clone()),
+        ("event".to_string(), r.header.event.to_string()),
+        ("started".to_string(), timestamp(r.header.started_ns)),
+        ("recorded".to_string(), r.describe()),
+        ("rprof".to_string(), r.header.rprof_version.clone()),
+    ]
 }
 
 /// YYYYmmdd-HHMMSS in local time, of `unix_ns`.

@@ -29,13 +29,18 @@ pub struct ReportConfig {
     pub diff: Option<PathBuf>,
     /// With `diff`: counts as recorded, not shares.
     pub absolute: bool,
+    /// Open the output in a browser (html unless a format is asked for).
+    pub open: bool,
 }
 
 /// Reads the recording, keeps what was asked for and writes it (compared
 /// with the one before, for `--diff`).
 pub fn report(config: ReportConfig) -> Result<()> {
     let r = load(&config.input, &config)?;
-    let format = Format::for_output(config.format, config.output.as_deref())?;
+    let format = match (config.open, config.format, &config.output) {
+        (true, None, None) => Format::Html,
+        _ => Format::for_output(config.format, config.output.as_deref())?,
+    };
     let before = config.diff.as_ref().map(|path| load(path, &config)).transpose()?;
     if before.is_some() {
         diff::check_format(format)?;
@@ -75,9 +80,9 @@ pub fn report(config: ReportConfig) -> Result<()> {
         }
         _ => write_output(&r, &output, format, &config.render)?,
     }
-    if output == Output::Stdout {
+    let Output::File(written) = &output else {
         return Ok(());
-    }
+    };
     match &config.diff {
         Some(path) => eprintln!(
             "rprof: wrote {output}: {} against {}",
@@ -86,7 +91,41 @@ pub fn report(config: ReportConfig) -> Result<()> {
         ),
         None => eprintln!("rprof: wrote {output}: {}", r.describe()),
     }
+    if config.open {
+        open_in_browser(written);
+    }
     Ok(())
+}
+
+/// Opens `path` in $BROWSER, or with xdg-open where there is a display; or
+/// says where it is (a server over SSH has no browser).
+fn open_in_browser(path: &std::path::Path) {
+    let display = ["DISPLAY", "WAYLAND_DISPLAY"]
+        .iter()
+        .any(|v| std::env::var_os(v).is_some_and(|d| !d.is_empty()));
+    let browser = std::env::var("BROWSER")
+        .ok()
+        .filter(|b| !b.is_empty())
+        .or_else(|| display.then(|| "xdg-open".to_string()));
+    let Some(browser) = browser else {
+        eprintln!(
+            "rprof: no browser here (no $BROWSER, no display): copy {} to a machine with one",
+            path.display()
+        );
+        return;
+    };
+    // Not waited for: a browser may run for as long as it is open.
+    match std::process::Command::new(&browser)
+        .arg(path)
+        .stdin(std::process::Stdio::null())
+        .spawn()
+    {
+        Ok(_) => eprintln!("rprof: opened {} with {browser}", path.display()),
+        Err(e) => eprintln!(
+            "rprof: could not start {browser} ({e}): open {} yourself",
+            path.display()
+        ),
+    }
 }
 
 /// A recording read back, cut to the window, processes and threads asked
