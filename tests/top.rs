@@ -159,3 +159,22 @@ fn top_prints_plain_text_to_a_pipe() {
     let folded = std::fs::read_to_string(&out).expect("-o written");
     assert!(folded.contains("Object#first_phase"), "{folded}");
 }
+
+/// Following several processes, each merged row says its process.
+#[test]
+fn top_names_the_process_of_each_row_when_there_are_several() {
+    let (a, b) = (
+        Ruby::host().spawn("shift.rb", &[]),
+        Ruby::host().spawn("diff_work.rb", &["1"]),
+    );
+    let (pa, pb) = (a.pid.to_string(), b.pid.to_string());
+    let run = rprof(&["top", "-p", &pa, "-p", &pb, "-d", "1.2"]);
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    for row in [
+        format!(" {pa}: Object#first_phase ("),
+        format!(" {pb}: Object#scaled ("),
+    ] {
+        assert!(stdout.contains(&row), "no row {row:?}:\n{stdout}");
+    }
+}
