@@ -124,6 +124,9 @@ const volatile bool kernel_stacks = false;
 /* `wall`: CPU samples weigh the time since the thread's last mark, and
  * switches count the time off CPU (on_switch). */
 const volatile bool wall_mode = false;
+/* --all: a process that execs is followed from then on, whoever it is
+ * (userspace looks for a Ruby in it, and lets it go if there is none). */
+const volatile bool follow_every_exec = false;
 
 /* Keep the shared types in BTF so the skeleton generates them for Rust. */
 struct rprof_frame rprof_frame_type;
@@ -1383,10 +1386,18 @@ int BPF_PROG(on_exec, struct task_struct *task)
 	__u32 tgid = task->tgid;
 	struct rprof_followed *f = bpf_map_lookup_elem(&followed, &tgid);
 
-	if (!f || f->start_ticks != start_ticks(task->group_leader))
-		return 0;
+	__u64 start = start_ticks(task->group_leader);
+
+	if (!f || f->start_ticks != start) {
+		struct rprof_followed now = {.start_ticks = start};
+
+		if (!follow_every_exec)
+			return 0;
+		if (bpf_map_update_elem(&followed, &tgid, &now, BPF_ANY))
+			return 0;
+	}
 	bpf_map_delete_elem(&procs, &tgid);
-	process_event(RPROF_PROCESS_EXEC, tgid, f->start_ticks, 0, 0, 0, 0);
+	process_event(RPROF_PROCESS_EXEC, tgid, start, 0, 0, 0, 0);
 	return 0;
 }
 

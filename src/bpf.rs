@@ -113,6 +113,8 @@ pub struct Options {
     pub wall: bool,
     /// Events are tracepoints (system calls), not CPU samples.
     pub traced: bool,
+    /// --all: every process that execs is followed (and looked at).
+    pub follow_every_exec: bool,
 }
 
 pub struct Probe {
@@ -207,6 +209,7 @@ impl Probe {
             rodata.native_stacks = options.native_rows.is_some();
             rodata.kernel_stacks = options.kernel;
             rodata.wall_mode = options.wall;
+            rodata.follow_every_exec = options.follow_every_exec;
         }
         if stats {
             for mut prog in open.open_object_mut().progs_mut() {

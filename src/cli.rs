@@ -23,6 +23,7 @@ pub enum Command {
         rprof record -p 1234 -d 10 --format folded   10 seconds, folded stacks\n  \
         rprof record -p 1234 syscall enter_getpid    which Ruby code calls getpid\n  \
         rprof record -p 1234 --subprocesses          a Puma/Unicorn master and all its workers\n  \
+        rprof record --all --processes -d 30         every Ruby on this host, split by process\n  \
         rprof record -p 1234 --native --kernel       Ruby, C and kernel frames in one stack\n  \
         rprof record -- ruby app.rb                  start app.rb and profile it; exit with its status")]
     Record(RecordArgs),
@@ -70,6 +71,11 @@ pub struct RecordArgs {
     /// first instruction, and the programs they exec (a Puma or Unicorn cluster).
     #[arg(long, global = true)]
     pub subprocesses: bool,
+
+    /// Every Ruby process on this host: those running now and those
+    /// started while recording (and their forks), not -p's.
+    #[arg(long, global = true, conflicts_with = "pid")]
+    pub all: bool,
 
     /// Split the profile by thread: a frame per thread (`name [tid]`, or the
     /// Ruby thread of an M:N thread), under its process's.

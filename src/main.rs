@@ -137,6 +137,8 @@ fn record_config(args: cli::RecordArgs) -> Result<Option<RecordConfig>> {
     let mut command = args.command;
     command.extend(extra_command);
     let target = match (args.pid.is_empty(), command.is_empty()) {
+        (_, false) if args.all => anyhow::bail!("give either --all or a command after --, not both"),
+        (_, true) if args.all => Target::All,
         (false, true) => Target::Pids(args.pid),
         (true, false) => Target::Command(command),
         (false, false) => anyhow::bail!("give either -p PID or a command after --, not both"),
@@ -175,7 +177,7 @@ fn record_config(args: cli::RecordArgs) -> Result<Option<RecordConfig>> {
         quiet: args.quiet,
         force_version: args.force_version,
         as_root: args.root,
-        subprocesses: args.subprocesses,
+        subprocesses: args.subprocesses || args.all,
         render: RenderOptions {
             processes: args.processes,
             threads: args.threads,

@@ -185,6 +185,18 @@ fn parse_start_ticks(after_comm: &str) -> Option<u64> {
     after_comm.split_whitespace().nth(19)?.parse().ok()
 }
 
+/// Every process running now, by PID (what /proc lists).
+pub fn all_pids() -> Vec<u32> {
+    let mut pids: Vec<u32> = fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse().ok()))
+        .collect();
+    pids.sort_unstable();
+    pids
+}
+
 /// The processes running under `root` now (children, grandchildren...),
 /// parents before their children, each with its parent: from the parent PID
 /// in every /proc/PID/stat.

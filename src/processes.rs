@@ -121,6 +121,9 @@ pub struct Processes {
     pub native: Option<Unwinder>,
     /// The processes refused (`PID (ruby_description): why`), first ones.
     pub refused: Vec<String>,
+    /// --all: a process BPF reports exec'ing is looked at even if it was
+    /// not followed, and let go if it is no Ruby.
+    pub every_exec: bool,
 }
 
 /// Refused processes named in the summary; the rest are counted.
@@ -198,6 +201,7 @@ impl Processes {
             ruby_versions: Default::default(),
             inspected: Instant::now(),
             refused: Vec::new(),
+            every_exec: false,
         }
     }
 
@@ -283,7 +287,7 @@ impl Processes {
         Ok(())
     }
 
-    fn note_refused(&mut self, why: String) {
+    pub fn note_refused(&mut self, why: String) {
         self.counts.refused += 1;
         if self.refused.len() < REFUSED_NAMED {
             self.refused.push(why);
@@ -436,7 +440,13 @@ impl Processes {
                 }
             }
         } else if change == types::rprof_process_change::RPROF_PROCESS_EXEC {
-            if let Some(f) = self.get(id.pid, id.start_ticks) {
+            if self.every_exec && self.get(id.pid, id.start_ticks).is_none() {
+                // --all: any program may be a Ruby; looked at as it starts.
+                self.counts.followed += 1;
+                let nth = self.nth(id);
+                self.live
+                    .insert(id.pid, Followed::waiting(id, nth, Vec::new(), true));
+            } else if let Some(f) = self.get(id.pid, id.start_ticks) {
                 // BPF dropped its recipe; the new program may be a Ruby.
                 f.ruby = None;
                 f.label = None;
@@ -505,6 +515,8 @@ impl Processes {
         }
         self.inspected = now;
         let mut refused = Vec::new();
+        let mut let_go = Vec::new();
+        let every_exec = self.every_exec;
         let pending: Vec<(ProcessId, Vec<String>)> = self
             .live
             .values_mut()
@@ -515,6 +527,9 @@ impl Processes {
                     f.inspect_until = None; // not a Ruby rprof can read
                     let alive = Process { pid: f.id.pid }.is_alive_since(f.id.start_ticks);
                     refused.extend(f.refusal.take().filter(|_| alive).map(|(_, why)| why));
+                    if every_exec {
+                        let_go.push(f.id);
+                    }
                     return None;
                 }
                 Some((f.id, f.lineage.clone()))
@@ -522,6 +537,13 @@ impl Processes {
             .collect();
         for why in refused {
             self.note_refused(why);
+        }
+        // --all: no Ruby in it; its next exec is seen all the same.
+        for id in let_go {
+            probe.unfollow(id.pid);
+            if self.live.remove(&id.pid).is_some() {
+                self.counts.followed -= 1;
+            }
         }
         for (id, lineage) in pending {
             let Ok(target) = RubyTarget::inspect(id.pid, self.force_version.as_deref()) else {

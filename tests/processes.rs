@@ -476,3 +476,40 @@ fn a_followed_process_on_a_pid_an_earlier_one_had_gets_a_frame_of_its_own() {
     }
     assert_every_child_sampled(&run, &burned);
 }
+
+/// `--all`: a Ruby running before rprof and one started while it records
+/// (another Ruby version, from its chroot) are profiled, each under its own
+/// process with its hot method; a busy shell started meanwhile is looked
+/// at and let go, never profiled.
+#[test]
+fn every_ruby_on_the_host_now_and_as_they_start() {
+    let before = Ruby::host().spawn("shift.rb", &[]);
+    let rprof = common::record_in_background(&["--all", "--processes", "-d", "4"], &[]);
+    let after = Ruby::named("3.4").spawn("ratio.rb", &[]);
+    let shell = Target::start(
+        Command::new("sh")
+            .arg("-c")
+            .arg("echo ready; while :; do :; done"),
+    );
+    let run = rprof.finish();
+    assert!(run.success, "{}", run.stderr);
+    let under = |pid: u32, method: &str| -> u64 {
+        run.folded
+            .stacks
+            .iter()
+            .filter(|(s, _)| s.iter().any(|f| f.starts_with(&format!("process {pid}:"))))
+            .filter(|(s, _)| s.iter().any(|f| label(f) == method))
+            .map(|(_, n)| n)
+            .sum()
+    };
+    // Each burns a CPU for seconds at 99 Hz: hundreds of samples; one is
+    // enough to say it was found, and under its own process.
+    assert!(under(before.pid, "Object#first_phase") > 0, "{}", run.stderr);
+    assert!(under(after.pid, "Object#thrice") > 0, "{}", run.stderr);
+    assert!(
+        !run.folded.stacks.iter().any(|(s, _)| s
+            .iter()
+            .any(|f| f.starts_with(&format!("process {}:", shell.pid)))),
+        "the shell was profiled"
+    );
+}

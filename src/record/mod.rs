@@ -39,6 +39,8 @@ const EPOCH: Duration = Duration::from_millis(500);
 pub enum Target {
     Pids(Vec<u32>),
     Command(Vec<String>),
+    /// Every Ruby process on the host, now and as they start (--all).
+    All,
 }
 
 /// Recording without end, in bounded memory.
@@ -100,10 +102,12 @@ pub fn record(cfg: RecordConfig) -> Result<Option<ExitStatus>> {
         kernel: cfg.kernel,
         wall: cfg.event.is_wall(),
         traced: cfg.event.is_traced(),
+        follow_every_exec: matches!(cfg.target, Target::All),
     })?;
     let signals = StopSignals::install()?;
     let unwinder = native_rows.map(Unwinder::new);
     let mut processes = Processes::new(cfg.force_version.clone(), unwinder);
+    processes.every_exec = matches!(cfg.target, Target::All);
     if cfg.subprocesses {
         probe.attach_process_tracking()?;
     }
@@ -115,22 +119,25 @@ pub fn record(cfg: RecordConfig) -> Result<Option<ExitStatus>> {
     let first_pid = match (&cfg.target, &child) {
         (_, Some(c)) => c.id(),
         (Target::Pids(pids), None) => pids[0],
-        (Target::Command(_), None) => 0,
+        (Target::Command(_) | Target::All, None) => 0,
     };
     collector.warm(&processes, cfg.kernel);
     let header = Header {
         rprof_version: env!("CARGO_PKG_VERSION").to_string(),
         event: cfg.event.recorded(),
         started_ns: recording::unix_now_ns(),
-        target: format!(
-            "{}{}",
-            named(&roots),
-            if cfg.subprocesses {
-                " and its subprocesses"
-            } else {
-                ""
-            }
-        ),
+        target: match cfg.target {
+            Target::All => "every Ruby process on the host".to_string(),
+            _ => format!(
+                "{}{}",
+                named(&roots),
+                if cfg.subprocesses {
+                    " and its subprocesses"
+                } else {
+                    ""
+                }
+            ),
+        },
     };
     let output = output_path(&cfg, format, first_pid, header.started_ns);
     let sinks = open_sinks(&cfg, &header, format, &output, first_pid)?;
@@ -243,9 +250,11 @@ impl Session<'_> {
             .child
             .as_mut()
             .is_some_and(|c| matches!(c.try_wait(), Ok(Some(_))));
+        // --all waits for Rubies to come.
+        let waits = matches!(self.cfg.target, Target::All);
         self.time_is_up()
             || command_ended
-            || (self.child.is_none() && liveness.due() && !self.processes.any_alive())
+            || (self.child.is_none() && !waits && liveness.due() && !self.processes.any_alive())
     }
 
     fn totals(&self) -> Summary {
@@ -365,15 +374,17 @@ fn announce(cfg: &RecordConfig, roots: &[String]) {
         }
         (None, _) => "Ctrl-C to stop".to_string(),
     };
-    eprintln!(
-        "rprof: recording {}{}, {what}; {until}",
-        named(roots),
-        if cfg.subprocesses {
-            " and every process forked from it"
-        } else {
-            ""
-        },
-    );
+    let whom = match cfg.target {
+        Target::All if roots.is_empty() => "every Ruby process on this host (none yet)".to_string(),
+        Target::All => format!(
+            "every Ruby process on this host ({} now: {})",
+            roots.len(),
+            roots.join(", ")
+        ),
+        _ if cfg.subprocesses => format!("{} and every process forked from it", named(roots)),
+        _ => named(roots),
+    };
+    eprintln!("rprof: recording {whom}, {what}; {until}");
 }
 
 /// "process 42 (ruby, Ruby 3.1.2)", "processes 42 (...), 43 (...)".

@@ -55,7 +55,31 @@ pub fn cfg_command_name(t: &Target) -> String {
     match t {
         Target::Command(argv) => argv.join(" "),
         Target::Pids(pids) => pids.iter().map(u32::to_string).collect::<Vec<_>>().join(", "),
+        Target::All => "every Ruby process".to_string(),
     }
+}
+
+/// --all: every Ruby process running now, each a root whose forks are
+/// followed (those started later are found as they exec). One that cannot
+/// be profiled is counted and named in the summary, never the end of the
+/// recording. Returns how the first line names each.
+fn add_every_ruby(probe: &mut Probe, processes: &mut Processes, cfg: &RecordConfig) -> Vec<String> {
+    let me = std::process::id();
+    let mut roots = Vec::new();
+    for pid in crate::process::all_pids().into_iter().filter(|&p| p != me) {
+        let Ok(t) = RubyTarget::inspect(pid, cfg.force_version.as_deref()) else {
+            continue; // not a Ruby, or gone
+        };
+        if !t.ready() {
+            continue; // still booting: it is not one rprof saw exec, so it is looked at no more
+        }
+        let name = describe(&t);
+        match processes.add_root(probe, t, true, proof::ATTEMPTS_FOR) {
+            Ok(()) => roots.push(name),
+            Err(e) => processes.note_refused(format!("{e:#}")),
+        }
+    }
+    roots
 }
 
 /// Starts the command and waits until its Ruby VM can be read.
@@ -97,6 +121,7 @@ pub fn start(
     let mut child = None;
     let mut roots = Vec::new();
     match &cfg.target {
+        Target::All => roots = add_every_ruby(probe, processes, cfg),
         Target::Pids(pids) => {
             for &pid in pids {
                 roots.push(add_root(probe, processes, pid, cfg)?);

@@ -668,10 +668,19 @@ pub fn attach_merged(pid: u32, args: &[&str]) -> Attached {
 }
 
 fn attach_merged_with_env(pid: u32, args: &[&str], env: &[(&str, &str)]) -> Attached {
+    let mut all = vec!["-p".to_string(), pid.to_string()];
+    all.extend(args.iter().map(|a| a.to_string()));
+    let all: Vec<&str> = all.iter().map(String::as_str).collect();
+    record_in_background(&all, env)
+}
+
+/// `rprof record --format folded ARGS...` in the background, once it has
+/// said it records.
+pub fn record_in_background(args: &[&str], env: &[(&str, &str)]) -> Attached {
     let dir = tempfile::tempdir().expect("tempdir");
     let out = dir.path().join("out.folded");
     let mut child = Command::new(RPROF)
-        .args(["record", "-p", &pid.to_string(), "--format", "folded", "-o"])
+        .args(["record", "--format", "folded", "-o"])
         .arg(&out)
         .args(args)
         .envs(env.iter().copied())
