@@ -337,9 +337,9 @@ fn go_tool_pprof_agrees_with_rprof_within_one_percent() {
         let mut value = None;
         for line in block.lines() {
             let t = line.trim();
-            if let Some(v) = t.strip_prefix("thread id:") {
+            if let Some(v) = t.strip_prefix("thread_id:") {
                 tid = Some(v.trim().to_string());
-            } else if let Some(v) = t.strip_prefix("thread name:") {
+            } else if let Some(v) = t.strip_prefix("thread_name:") {
                 labelled_names.push(v.trim().to_string());
             } else if value.is_none() {
                 if let Some((n, _leaf)) = t.split_once(char::is_whitespace) {

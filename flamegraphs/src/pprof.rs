@@ -127,8 +127,8 @@ pub struct PprofOptions {
 }
 
 /// Writes `samples` as a gzipped profile: a location per frame, a function
-/// per (name, file), a sample per (thread, stack) with pid, thread id and
-/// thread name labels. CPU samples carry two values, their count and their
+/// per (name, file), a sample per (thread, stack) with `pid`, `thread_id` and
+/// `thread_name` labels (names Pyroscope 1.x accepts: no spaces). CPU samples carry two values, their count and their
 /// CPU time in nanoseconds; events, their count.
 pub fn write<W: Write>(samples: &Samples, options: &PprofOptions, w: W) -> std::io::Result<()> {
     let mut strings = Strings::default();
@@ -201,8 +201,8 @@ pub fn write<W: Write>(samples: &Samples, options: &PprofOptions, w: W) -> std::
     sums.sort();
     let (pid, tid, thread_name, state) = (
         strings.id("pid"),
-        strings.id("thread id"),
-        strings.id("thread name"),
+        strings.id("thread_id"),
+        strings.id("thread_name"),
         strings.id("state"),
     );
     let mut out = Vec::with_capacity(sums.len());
