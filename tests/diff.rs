@@ -24,9 +24,9 @@ fn ok(out: Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// diff_work.rb with `scaled` run `n` times a round, recorded for 3 s at
-/// 499 Hz into `out` (.rprof).
-fn record_work(n: &str, out: &Path, event: &str) {
+/// diff_work.rb with `scaled` run `n` times a round, recorded for
+/// `seconds` at 499 Hz into `out` (.rprof).
+fn record_work(n: &str, seconds: &str, out: &Path, event: &str) {
     let target = Ruby::host().spawn("diff_work.rb", &[n]);
     let pid = target.pid.to_string();
     ok(rprof(&[
@@ -34,7 +34,7 @@ fn record_work(n: &str, out: &Path, event: &str) {
         "-p",
         &pid,
         "-d",
-        "3",
+        seconds,
         "-F",
         "499",
         "--format",
@@ -86,17 +86,20 @@ fn fill(svg: &str, name: &str) -> (u8, u8, u8) {
 /// `scaled` goes from a third of the time to half (+16.7 points), `first`
 /// and `second` from a third to a quarter (-8.3 each): `scaled` leads the
 /// table, red in the flame graph, the others blue; `report --diff` says
-/// the same. The changes are shares of CPU samples (1,500 a recording).
-/// Measured in 42 runs (32 idle, 10 with both CPUs busy): `scaled` +14.8
-/// to +18.8, the others -6.2 to -11.2 (one 3 s recording's method may be
-/// 2.5 points off its third). The bounds allow over twice the largest
+/// the same, and so do recordings of different lengths (3 s and 2 s). The
+/// changes are shares of CPU samples (1,500 and 1,000). Measured: with
+/// both 3 s, 42 runs (32 idle, 10 with both CPUs busy): `scaled` +14.8 to
+/// +18.8, the others -6.2 to -11.2 (one 3 s recording's method may be 2.5
+/// points off its third); 3 s against 2 s, 14 runs (6 busy): +15.7 to
+/// +18.1 and -6.7 to -9.6. The bounds allow over twice the largest
 /// deviation seen, either way.
 #[test]
 fn a_method_made_slower_is_the_top_grower() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (before, after) = (dir.path().join("before.rprof"), dir.path().join("after.rprof"));
-    record_work("1", &before, "cpu");
-    record_work("2", &after, "cpu");
+    // Of different lengths: shares compare all the same.
+    record_work("1", "3", &before, "cpu");
+    record_work("2", "2", &after, "cpu");
     let diff = ok(rprof(&[
         "diff",
         path(&before),
@@ -155,7 +158,7 @@ fn a_method_made_slower_is_the_top_grower() {
 fn a_recording_against_itself_changes_nothing() {
     let dir = tempfile::tempdir().expect("tempdir");
     let rec = dir.path().join("rec.rprof");
-    record_work("1", &rec, "cpu");
+    record_work("1", "3", &rec, "cpu");
     let table = ok(rprof(&["diff", path(&rec), path(&rec), "--format", "summary"]));
     let rows = rows(&table);
     assert!(rows.len() >= 3, "{table}");
@@ -192,8 +195,8 @@ fn a_recording_against_itself_changes_nothing() {
 fn what_does_not_compare_is_refused() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (cpu, wall) = (dir.path().join("cpu.rprof"), dir.path().join("wall.rprof"));
-    record_work("1", &cpu, "cpu");
-    record_work("1", &wall, "wall");
+    record_work("1", "1", &cpu, "cpu");
+    record_work("1", "1", &wall, "wall");
     for (args, says) in [
         (vec!["diff", path(&cpu), path(&wall)], "record different things"),
         (

@@ -67,6 +67,24 @@ impl Tmux {
     }
 }
 
+impl Tmux {
+    /// The PID of the command the pane's shell runs.
+    fn command_pid(&self) -> u32 {
+        let out = Command::new("tmux")
+            .args(["list-panes", "-t", &self.name, "-F", "#{pane_pid}"])
+            .output()
+            .expect("tmux list-panes");
+        let shell: u32 = String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .parse()
+            .expect("the pane's PID");
+        common::children_of(shell)
+            .into_iter()
+            .next()
+            .expect("the pane's command")
+    }
+}
+
 impl Drop for Tmux {
     fn drop(&mut self) {
         let _ = Command::new("tmux")
@@ -176,5 +194,26 @@ fn top_names_the_process_of_each_row_when_there_are_several() {
         format!(" {pb}: Object#scaled ("),
     ] {
         assert!(stdout.contains(&row), "no row {row:?}:\n{stdout}");
+    }
+}
+
+/// The terminal gone (an SSH session dropped, tmux killed): rprof ends, at
+/// once, rather than reading a closed terminal in a loop.
+#[test]
+fn top_ends_when_its_terminal_goes() {
+    let target = Ruby::host().spawn("shift.rb", &[]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let tmux = Tmux::start(&format!("{RPROF} top -p {}", target.pid), dir.path());
+    tmux.wait(Duration::from_secs(15), |s| top_function(s).is_some());
+    let rprof = tmux.command_pid();
+    drop(tmux);
+    let gone = Instant::now();
+    while std::path::Path::new(&format!("/proc/{rprof}")).exists() {
+        if gone.elapsed() > Duration::from_secs(5) {
+            // Not left spinning for the tests after this one.
+            common::signal(rprof, libc::SIGKILL);
+            panic!("rprof top (PID {rprof}) still ran 5 s after its terminal went");
+        }
+        std::thread::sleep(Duration::from_millis(50));
     }
 }

@@ -330,10 +330,12 @@ fn waits_beside_the_signal_fd(ruby: &Ruby, nfds: u64) {
         "Ruby {}: the waiter polls {polled} descriptors",
         ruby.name
     );
+    let woken = switches(target.pid, &tid);
     let run = record(target.pid, &["-d", "3", "wall"]);
+    let woken = switches(target.pid, &tid) - woken;
     assert!(run.success, "Ruby {}: {}", ruby.name, run.stderr);
     let f = run.folded.of_thread(&tid);
-    let report = format!("Ruby {}: waiter:\n{}", ruby.name, stacks_of(&f));
+    let report = format!("Ruby {}: waiter, {woken} switches:\n{}", ruby.name, stacks_of(&f));
     let socket = format!("(socket 127.0.0.1:{})", target.get("peer_port"));
     // Its polls: a leaf `[blocked: poll...` or `[blocked: ppoll...` (not
     // the odd microseconds it blocks on a futex of Ruby's own).
@@ -344,12 +346,11 @@ fn waits_beside_the_signal_fd(ruby: &Ruby, nfds: u64) {
             .iter()
             .any(|call| l.strip_prefix(call) == Some(&format!(" {socket}]")))
     });
-    // A byte every 0.3 s: about 10 waits, each woken into a wait for the
-    // GVL the main thread spins with.
-    assert!(
-        blocked >= 1_000_000 && in_state(&f, |l| l == "[waiting for the GVL]") > 0,
-        "{report}"
-    );
+    // A byte every 0.3 s wakes it: about 10 waits begun while rprof
+    // records, walked. (Whether a woken waiter then waits for the GVL
+    // depends on who is quicker: the main thread releases it to write.)
+    // Measured: 10 switches in 3 s with a CPU busy, 23 idle.
+    assert!(blocked >= 1_000_000 && woken >= 5, "{report}");
     assert_eq!(named, blocked, "{report} (polled without naming the socket)");
 }
 

@@ -10,7 +10,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use flamegraphs::{Frame, FrameKind, Profile, Samples, Split};
-use ratatui::crossterm::event::{self, Event, KeyCode, KeyEventKind, KeyModifiers};
 use ratatui::layout::{Constraint, Layout};
 use ratatui::style::{Modifier, Style};
 use ratatui::text::Line;
@@ -74,7 +73,8 @@ pub struct Top {
 
 impl Top {
     pub fn new(header: &Header) -> Self {
-        let terminal = std::io::stdout().is_terminal();
+        // Keys are read from stdin: a screen needs both ends on the terminal.
+        let terminal = std::io::stdout().is_terminal() && std::io::stdin().is_terminal();
         Self {
             screen: if terminal { Screen::Pending } else { Screen::Plain },
             title: format!("rprof top: {}, {}", header.target, header.event),
@@ -129,31 +129,31 @@ impl Top {
         Ok(())
     }
 
-    /// Reads the keys pressed since the last call (never waits).
+    /// Reads the keys pressed since the last call (never waits). A terminal
+    /// gone (the SSH session closed, tmux killed) quits.
     pub fn keys(&mut self) -> Result<()> {
         if !matches!(self.screen, Screen::Terminal(_)) {
             return Ok(());
         }
+        let Some(typed) = typed() else {
+            self.quit = true;
+            return Ok(());
+        };
         let mut changed = false;
-        while event::poll(Duration::ZERO).context("reading the keyboard")? {
-            let Event::Key(key) = event::read().context("reading the keyboard")? else {
-                continue;
-            };
-            if key.kind != KeyEventKind::Press {
-                continue;
-            }
-            match key.code {
-                KeyCode::Char('q') | KeyCode::Esc => self.quit = true,
-                KeyCode::Char('c') if key.modifiers.contains(KeyModifiers::CONTROL) => self.quit = true,
-                KeyCode::Char('s') => self.sort = SortBy::SelfNow,
-                KeyCode::Char('t') => self.sort = SortBy::TotalNow,
-                KeyCode::Char('a') => {
+        for (i, &key) in typed.iter().enumerate() {
+            match key {
+                // Esc alone, not the start of an escape sequence (an arrow key).
+                0x1b if i + 1 == typed.len() => self.quit = true,
+                b'q' | 0x03 => self.quit = true,
+                b's' => self.sort = SortBy::SelfNow,
+                b't' => self.sort = SortBy::TotalNow,
+                b'a' => {
                     self.sort = match self.sort {
                         SortBy::SelfNow | SortBy::SelfAll => SortBy::SelfAll,
                         SortBy::TotalNow | SortBy::TotalAll => SortBy::TotalAll,
                     }
                 }
-                KeyCode::Char('h') => {
+                b'h' => {
                     // Since-start counts were merged by the old key: start them again.
                     self.by_thread = !self.by_thread;
                     self.all.clear();
@@ -311,6 +311,30 @@ impl Drop for Top {
     fn drop(&mut self) {
         self.finish();
     }
+}
+
+/// The bytes typed on the terminal (raw mode: a key is a byte) since the
+/// last call, without waiting; None once it is gone (hung up, or at its
+/// end). Read here rather than through crossterm's event reader, which
+/// spins on a terminal that hung up.
+fn typed() -> Option<Vec<u8>> {
+    let mut fds = libc::pollfd {
+        fd: 0,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: polls one descriptor, with a struct it owns, without waiting.
+    let ready = unsafe { libc::poll(&mut fds, 1, 0) };
+    if ready <= 0 {
+        return Some(Vec::new()); // nothing typed (or interrupted: later)
+    }
+    if fds.revents & libc::POLLIN == 0 {
+        return None; // hung up or closed, nothing left to read
+    }
+    let mut buf = [0u8; 64];
+    // SAFETY: reads at most its length into a buffer it owns.
+    let got = unsafe { libc::read(0, buf.as_mut_ptr().cast(), buf.len()) };
+    (got > 0).then(|| buf[..got as usize].to_vec())
 }
 
 /// A refresh as plain text: the title, the counts, and the top rows of

@@ -427,6 +427,24 @@ pub fn signal(pid: u32, sig: libc::c_int) {
     unsafe { libc::kill(pid as libc::pid_t, sig) };
 }
 
+/// The processes whose parent is `pid`, now.
+pub fn children_of(pid: u32) -> Vec<u32> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&child| {
+            let stat = std::fs::read_to_string(format!("/proc/{child}/stat")).unwrap_or_default();
+            // The parent is the second field after the command name.
+            stat.rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+                .and_then(|p| p.parse::<u32>().ok())
+                == Some(pid)
+        })
+        .collect()
+}
+
 /// The CPU time a live process has used so far, all its threads (ended ones
 /// too), in seconds: the kernel's own count, in nanoseconds.
 pub fn cpu_seconds(pid: u32) -> f64 {
