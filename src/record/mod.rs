@@ -139,8 +139,13 @@ pub fn record(cfg: RecordConfig) -> Result<Option<ExitStatus>> {
             ),
         },
     };
-    let output = output_path(&cfg, format, first_pid, header.started_ns);
-    let sinks = open_sinks(&cfg, &header, format, &output, first_pid)?;
+    // What default file names say they are of: the first target's PID.
+    let file_stem = match cfg.target {
+        Target::All => "all".to_string(),
+        _ => first_pid.to_string(),
+    };
+    let output = output_path(&cfg, format, &file_stem, header.started_ns);
+    let sinks = open_sinks(&cfg, &header, format, &output, &file_stem)?;
     cfg.event.attach(&mut probe)?;
     // `wall`: the threads blocked since before now, seeded at once.
     cfg.event.epoch_ends(&mut probe, &mut processes, &mut collector)?;

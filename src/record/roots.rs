@@ -71,7 +71,15 @@ fn add_every_ruby(probe: &mut Probe, processes: &mut Processes, cfg: &RecordConf
             continue; // not a Ruby, or gone
         };
         if !t.ready() {
-            continue; // still booting: it is not one rprof saw exec, so it is looked at no more
+            // Still booting: looked at until its VM is up (or let go).
+            let id = ProcessId {
+                pid,
+                start_ticks: t.start_ticks,
+            };
+            if let Err(e) = processes.add_followed_root(probe, id) {
+                processes.note_refused(format!("{pid}: {e:#}"));
+            }
+            continue;
         }
         let name = describe(&t);
         match processes.add_root(probe, t, true, proof::ATTEMPTS_FOR) {

@@ -86,14 +86,14 @@ pub fn output_format(cfg: &RecordConfig) -> Result<Format> {
 }
 
 /// The output file; or with --rotate and --flight-recorder, the directory.
-pub fn output_path(cfg: &RecordConfig, format: Format, pid: u32, started_ns: u64) -> Output {
+pub fn output_path(cfg: &RecordConfig, format: Format, named: &str, started_ns: u64) -> Output {
     match (&cfg.output, cfg.continuous, format) {
         (Some(p), None, _) => Output::from_path(p),
         (Some(p), Some(_), _) => Output::File(p.clone()),
         (None, Some(_), _) => Output::File(PathBuf::from(".")),
         (None, None, Format::Summary) => Output::Stdout,
         (None, None, _) => Output::File(PathBuf::from(format!(
-            "rprof-{pid}-{}.{}",
+            "rprof-{named}-{}.{}",
             recording::timestamp(started_ns),
             format.extension()
         ))),
@@ -118,7 +118,7 @@ pub fn open_sinks(
     header: &Header,
     format: Format,
     output: &Output,
-    pid: u32,
+    named: &str,
 ) -> Result<Sinks> {
     let mut sinks = Sinks {
         streams: Vec::new(),
@@ -150,7 +150,7 @@ pub fn open_sinks(
             std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
             let out = PartOutput {
                 dir: dir.clone(),
-                pid,
+                named: named.to_string(),
                 format,
                 options: cfg.render.clone(),
             };

@@ -15,22 +15,23 @@ use crate::cli::Format;
 /// Where and how the parts are written.
 pub struct PartOutput {
     pub dir: PathBuf,
-    /// The first target's PID, for the file names.
-    pub pid: u32,
+    /// What the file names say the parts are of: the first target's PID
+    /// (`all` with --all).
+    pub named: String,
     pub format: Format,
     pub options: RenderOptions,
 }
 
 impl PartOutput {
-    /// `DIR/rprof-PID-YYYYmmdd-HHMMSS.EXT` for a part that started at
+    /// `DIR/rprof-PID-YYYYmmdd-HHMMSS.EXT` (`rprof-all-...`) for a part that started at
     /// `started_ns` (Unix time); `-2`, `-3`... if that name is taken.
     fn path(&self, started_ns: u64) -> PathBuf {
         let stamp = super::timestamp(started_ns);
         let ext = self.format.extension();
-        let mut path = self.dir.join(format!("rprof-{}-{stamp}.{ext}", self.pid));
+        let mut path = self.dir.join(format!("rprof-{}-{stamp}.{ext}", self.named));
         let mut n = 2;
         while path.exists() {
-            path = self.dir.join(format!("rprof-{}-{stamp}-{n}.{ext}", self.pid));
+            path = self.dir.join(format!("rprof-{}-{stamp}-{n}.{ext}", self.named));
             n += 1;
         }
         path
