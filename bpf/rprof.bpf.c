@@ -127,6 +127,8 @@ const volatile bool wall_mode = false;
 /* --all: a process that execs is followed from then on, whoever it is
  * (userspace looks for a Ruby in it, and lets it go if there is none). */
 const volatile bool follow_every_exec = false;
+/* alloc: 1 in this many allocations is walked, and weighs this many. */
+const volatile __u32 alloc_every = 1;
 
 /* Keep the shared types in BTF so the skeleton generates them for Rust. */
 struct rprof_frame rprof_frame_type;
@@ -152,6 +154,7 @@ struct rprof_kernel_stack rprof_kernel_stack_type;
 enum rprof_wall_state rprof_wall_state_type;
 enum rprof_wall_object rprof_wall_object_type;
 enum rprof_gc_state rprof_gc_state_type;
+enum rprof_alloc_cookie rprof_alloc_cookie_type;
 enum rprof_cfa_kind rprof_cfa_kind_type;
 enum rprof_rbp_kind rprof_rbp_kind_type;
 enum rprof_file_flags rprof_file_flags_type;
@@ -789,8 +792,9 @@ static __always_inline void finish(struct scratch *s, __u64 frames_hash)
 
 	/* Unconditionally (zero but for a socket's wait): a branch here would be
 	 * one more path in every program that counts. */
-	m = mix(mix(mix(m, (__u64)h->peer_family << 16 | h->peer_port), *(__u64 *)h->peer_addr),
-		*(__u64 *)(h->peer_addr + 8));
+	m = mix(mix(mix(mix(m, (__u64)h->peer_family << 16 | h->peer_port), *(__u64 *)h->peer_addr),
+		    *(__u64 *)(h->peer_addr + 8)),
+		h->alloc_class ^ ((__u64)h->alloc_type << 58));
 	h->hash = finish_hash(m);
 	count_stack(s);
 }
@@ -819,6 +823,8 @@ static __always_inline void begin(struct scratch *s, struct rprof_proc *p, __u32
 	s->hdr.peer_port = 0;
 	__builtin_memset(s->hdr.peer_addr, 0, sizeof(s->hdr.peer_addr));
 	s->hdr.weight = 1;
+	s->hdr.alloc_class = 0;
+	s->hdr.alloc_type = 0;
 	s->hdr.comm[0] = 0;
 }
 
@@ -1221,9 +1227,21 @@ struct {
 	__type(value, __u32);
 } tail_tracepoint SEC(".maps");
 
-/* `tracepoint` is a constant at each call: a program may only use the
- * program array of its own type. */
-static __always_inline int on_event(void *ctx, __u32 event, const bool tracepoint)
+/* How an event came: `kind` is a constant at each call, as a program may
+ * only use the program array of its own type. */
+enum event_kind { EVENT_SAMPLE, EVENT_TRACEPOINT, EVENT_ALLOC };
+
+/* enum ruby_value_type's T_IMEMO (Ruby 2.7 to 3.4): internal objects. */
+#define T_IMEMO 0x1a
+
+/* alloc: the object allocated, as the probe's function was given it. */
+struct allocation {
+	__u64 klass;
+	__u32 type;
+};
+
+static __always_inline int on_event(void *ctx, __u32 event, const enum event_kind kind,
+				    const struct allocation *alloc)
 {
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 tgid = id >> 32, tid = (__u32)id, slot;
@@ -1255,6 +1273,11 @@ static __always_inline int on_event(void *ctx, __u32 event, const bool tracepoin
 	if (wall_mode && (task->flags & PF_EXITING))
 		return 0; /* its time was counted when it began to exit */
 	begin(s, p, tgid, tid, event);
+	if (kind == EVENT_ALLOC) {
+		s->hdr.alloc_class = alloc->klass;
+		s->hdr.alloc_type = alloc->type;
+		s->hdr.weight = alloc_every;
+	}
 	if (wall_mode) {
 		s->hdr.weight = wall_sample_weight(p, tid, task);
 		s->hdr.wall_state = RPROF_WALL_RUNNING;
@@ -1262,13 +1285,13 @@ static __always_inline int on_event(void *ctx, __u32 event, const bool tracepoin
 	w.s = s;
 	w.p = p;
 	read_stack(&w, task, tgid);
-	if (native_stacks || kernel_stacks) {
+	if ((native_stacks || kernel_stacks) && kind != EVENT_ALLOC) {
 		/* The native and kernel stacks in a program of their own, which
 		 * the verifier checks apart from this one. */
 		s->ruby_hash = w.hash;
 		/* Said if the tail call cannot be made (it always can). */
 		s->hdr.native_stop = native_stacks ? RPROF_NATIVE_NO_SPACE : 0;
-		if (tracepoint)
+		if (kind == EVENT_TRACEPOINT)
 			bpf_tail_call(ctx, &tail_tracepoint, 0);
 		else
 			bpf_tail_call(ctx, &tail_perf_event, 0);
@@ -1312,14 +1335,51 @@ int on_tracepoint_native(void *ctx)
 SEC("perf_event")
 int on_cpu_sample(struct bpf_perf_event_data *ctx)
 {
-	return on_event(ctx, 0, false);
+	return on_event(ctx, 0, EVENT_SAMPLE, 0);
 }
 
 /* Attached to each traced tracepoint with its 1-based index as the BPF cookie. */
 SEC("tracepoint")
 int on_tracepoint(void *ctx)
 {
-	return on_event(ctx, (__u32)bpf_get_attach_cookie(ctx), true);
+	return on_event(ctx, (__u32)bpf_get_attach_cookie(ctx), EVENT_TRACEPOINT, 0);
+}
+
+/* Argument `i` (from 0) of the function a uprobe sits at the start of.
+ * All four are read at fixed offsets first: the verifier refuses a context
+ * read at an offset computed from `i`, which clang makes of a switch. */
+static __always_inline __u64 call_arg(struct pt_regs *regs, __u32 i)
+{
+	__u64 a0 = PT_REGS_PARM1(regs), a1 = PT_REGS_PARM2(regs), a2 = PT_REGS_PARM3(regs),
+	      a3 = PT_REGS_PARM4(regs);
+
+	asm volatile("" : "+r"(a0), "+r"(a1), "+r"(a2), "+r"(a3));
+	return i == 0 ? a0 : i == 1 ? a1 : i == 2 ? a2 : a3;
+}
+
+/* alloc: attached to each of the VM's allocation functions (their entry,
+ * after any endbr64), with a cookie saying where the class and the flags
+ * are (RPROF_ALLOC_*). Every call traps whatever is kept: 1 in
+ * alloc_every is walked and weighs alloc_every. */
+SEC("uprobe")
+int on_alloc(struct pt_regs *ctx)
+{
+	__u64 cookie = bpf_get_attach_cookie(ctx);
+	enum rprof_alloc_cookie flags_arg =
+	    (cookie >> RPROF_ALLOC_FLAGS_SHIFT) & RPROF_ALLOC_ARG_MASK;
+	struct allocation a = {
+	    .klass = call_arg(ctx, cookie & RPROF_ALLOC_ARG_MASK),
+	    .type = (cookie >> RPROF_ALLOC_TYPE_SHIFT) & RPROF_ALLOC_TYPE_MASK,
+	};
+
+	if (alloc_every > 1 && bpf_get_prandom_u32() % alloc_every)
+		return 0;
+	if (flags_arg != RPROF_ALLOC_NO_ARG)
+		a.type = call_arg(ctx, flags_arg) & RPROF_ALLOC_TYPE_MASK;
+	/* An imemo's class slot holds data of its own (3.4 passes it there). */
+	if (a.type == T_IMEMO)
+		a.klass = 0;
+	return on_event(ctx, 1, EVENT_ALLOC, &a);
 }
 
 static __always_inline void process_event(__u32 change, __u32 pid, __u64 start, __u32 parent,

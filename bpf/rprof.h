@@ -380,6 +380,22 @@ struct rprof_sample_header {
 	__u16 peer_family;  /* AF_INET, AF_INET6 (AF_UNIX: no address) */
 	__u16 peer_port;    /* host order */
 	__u8 peer_addr[16]; /* network order; AF_INET in the first 4 */
+	/* alloc: the class of the object allocated (0: a hidden object), and
+	 * its type (enum ruby_value_type) */
+	__u64 alloc_class;
+	__u32 alloc_type;
+	__u32 pad;
+};
+
+/* alloc: what an allocation probe's BPF cookie says about the function it
+ * is attached to: which argument (from 0) holds the class, which the
+ * object's flags, or RPROF_ALLOC_NO_ARG and the object's type. */
+enum rprof_alloc_cookie {
+	RPROF_ALLOC_ARG_MASK = 0xf,
+	RPROF_ALLOC_NO_ARG = 0xf,
+	RPROF_ALLOC_FLAGS_SHIFT = 4,
+	RPROF_ALLOC_TYPE_SHIFT = 8,
+	RPROF_ALLOC_TYPE_MASK = 0x1f,
 };
 
 /* wall: what a thread was doing. Off CPU, the reason is read from the

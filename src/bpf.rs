@@ -3,9 +3,10 @@
 //! back stacks (ring buffer), counts (the `counts` map) and statistics.
 
 use std::cell::RefCell;
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::mem::{size_of, MaybeUninit};
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
+use std::path::Path;
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -13,7 +14,7 @@ use anyhow::{anyhow, Context, Result};
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 use libbpf_rs::{
     AsRawLibbpf, Iter, IterOpts, Link, MapCore, MapFlags, RingBuffer, RingBufferBuilder, TracepointCategory,
-    TracepointOpts,
+    TracepointOpts, UprobeOpts,
 };
 
 #[allow(clippy::all, clippy::pedantic, non_camel_case_types, dead_code)]
@@ -115,6 +116,8 @@ pub struct Options {
     pub traced: bool,
     /// --all: every process that execs is followed (and looked at).
     pub follow_every_exec: bool,
+    /// `alloc`: allocations, 1 in this many walked (and weighing as many).
+    pub alloc_every: Option<u32>,
 }
 
 pub struct Probe {
@@ -122,6 +125,8 @@ pub struct Probe {
     ring: RingBuffer<'static>,
     queue: Rc<RefCell<VecDeque<Vec<u8>>>>,
     links: Vec<Link>,
+    /// `alloc`: the probes in each process (by PID), dropped with it.
+    process_links: HashMap<u32, Vec<Link>>,
     epoch: u64,
     /// `wall` is attached: processes added from now on are accounted from
     /// when they are added.
@@ -210,6 +215,7 @@ impl Probe {
             rodata.kernel_stacks = options.kernel;
             rodata.wall_mode = options.wall;
             rodata.follow_every_exec = options.follow_every_exec;
+            rodata.alloc_every = options.alloc_every.unwrap_or(1).max(1);
         }
         if stats {
             for mut prog in open.open_object_mut().progs_mut() {
@@ -219,12 +225,16 @@ impl Probe {
         // The sampling programs or the tracepoint ones, not both: each walks
         // a stack, and each takes the kernel a quarter of a second to verify
         // (RPROF_DEBUG=stats), most of rprof's start-up.
-        if options.traced {
+        if options.traced || options.alloc_every.is_some() {
             open.progs.on_cpu_sample.set_autoload(false);
             open.progs.on_cpu_sample_native.set_autoload(false);
-        } else {
+        }
+        if !options.traced {
             open.progs.on_tracepoint.set_autoload(false);
             open.progs.on_tracepoint_native.set_autoload(false);
+        }
+        if options.alloc_every.is_none() {
+            open.progs.on_alloc.set_autoload(false);
         }
         // The wall programs only for `wall`: verifying the switch program
         // (it walks a stack) takes the kernel about a second and a half.
@@ -238,17 +248,21 @@ impl Probe {
                 .context("loading the BPF program into the kernel (RPROF_DEBUG=1 shows libbpf's log)")?,
         ));
         // The program the loaded one continues in with --native/--kernel.
-        let (tail, next) = if options.traced {
-            (&skel.maps.tail_tracepoint, &skel.progs.on_tracepoint_native)
+        let tail = if options.traced {
+            Some((&skel.maps.tail_tracepoint, &skel.progs.on_tracepoint_native))
+        } else if options.alloc_every.is_none() {
+            Some((&skel.maps.tail_perf_event, &skel.progs.on_cpu_sample_native))
         } else {
-            (&skel.maps.tail_perf_event, &skel.progs.on_cpu_sample_native)
+            None
         };
-        tail.update(
-            &0u32.to_ne_bytes(),
-            &next.as_fd().as_raw_fd().to_ne_bytes(),
-            MapFlags::ANY,
-        )
-        .context("filling the native stacks' program array")?;
+        if let Some((tail, next)) = tail {
+            tail.update(
+                &0u32.to_ne_bytes(),
+                &next.as_fd().as_raw_fd().to_ne_bytes(),
+                MapFlags::ANY,
+            )
+            .context("filling the native stacks' program array")?;
+        }
         let queue = Rc::new(RefCell::new(VecDeque::new()));
         let sink = Rc::clone(&queue);
         let mut builder = RingBufferBuilder::new();
@@ -264,6 +278,7 @@ impl Probe {
             ring,
             queue,
             links: Vec::new(),
+            process_links: HashMap::new(),
             epoch: 0,
             wall_started: false,
             native: options.native_rows.is_some(),
@@ -446,6 +461,40 @@ impl Probe {
     pub fn remove_process(&mut self, pid: u32) {
         let _ = self.set_threads(pid, &[]);
         let _ = self.skel.maps.procs.delete(&pid.to_ne_bytes());
+        self.drop_process_probes(pid);
+    }
+
+    /// `alloc`: probes the function at `offset` in `file` (a file offset)
+    /// in process `pid` only; its events carry `cookie` (RPROF_ALLOC_*).
+    pub fn attach_alloc(&mut self, pid: u32, file: &Path, offset: u64, cookie: u64) -> Result<()> {
+        let opts = UprobeOpts {
+            cookie,
+            ..Default::default()
+        };
+        let link = self
+            .skel
+            .progs
+            .on_alloc
+            .attach_uprobe_with_opts(pid as i32, file, offset as usize, opts)
+            .with_context(|| format!("probing {} at {offset:#x} in process {pid}", file.display()))?;
+        self.process_links.entry(pid).or_default().push(link);
+        Ok(())
+    }
+
+    /// Whether process `pid` has had its `alloc` probes attached (or
+    /// refused: see `no_alloc_probes`).
+    pub fn has_alloc_probes(&self, pid: u32) -> bool {
+        self.process_links.contains_key(&pid)
+    }
+
+    /// Process `pid` cannot be probed: not tried again, its probes dropped.
+    pub fn no_alloc_probes(&mut self, pid: u32) {
+        self.process_links.insert(pid, Vec::new());
+    }
+
+    /// The probes of process `pid`, which ended.
+    pub fn drop_process_probes(&mut self, pid: u32) {
+        self.process_links.remove(&pid);
     }
 
     /// Samples every online CPU `frequency` times a second (cpu-clock).
@@ -789,6 +838,7 @@ impl Probe {
     /// Detaches from every event; what was collected can still be read.
     pub fn detach(&mut self) {
         self.links.clear();
+        self.process_links.clear();
     }
 }
 

@@ -194,6 +194,17 @@ pub enum Event {
         #[arg(last = true, value_name = "COMMAND")]
         command: Vec<String>,
     },
+    /// Object allocations, with the Ruby stack that allocated and the class
+    /// allocated (Ruby 2.7, 3.1, 3.3, 3.4). Every allocation costs the
+    /// program microseconds while recording (a uprobe trap), whatever
+    /// --every is: on a running program it records 10 s unless -d says.
+    Alloc {
+        /// Walk 1 in N allocations, chosen at random, and count each as N.
+        #[arg(long, default_value_t = 1, value_name = "N")]
+        every: u64,
+        #[arg(last = true, value_name = "COMMAND")]
+        command: Vec<String>,
+    },
 }
 
 #[derive(Debug, Args)]

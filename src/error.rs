@@ -73,6 +73,15 @@ pub enum UserError {
         what_after: String,
     },
 
+    #[error("process {pid} runs Ruby {version}, whose allocation functions rprof does not know: `alloc` works on Ruby 2.7, 3.1, 3.3 and 3.4")]
+    AllocUnknownRuby { pid: u32, version: String },
+
+    #[error("`alloc` records Ruby stacks only: leave out --native and --kernel")]
+    AllocWithNative,
+
+    #[error("--every must be between 1 and {max}, not {given}")]
+    BadAllocEvery { given: u64, max: u64 },
+
     #[error("{before} and {after} were sampled at different frequencies ({what_before} and {what_after}): their counts do not compare; leave out --absolute to compare shares")]
     DiffFrequencies {
         before: String,

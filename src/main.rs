@@ -97,6 +97,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
     }
 }
 
+/// How long `alloc` records a running program when no -d is given.
+const ALLOC_DEFAULT_DURATION: Duration = Duration::from_secs(10);
+
 /// `rprof record`'s (and `top`'s) arguments, checked; None once
 /// `syscall --list` has listed.
 fn record_config(args: cli::RecordArgs) -> Result<Option<RecordConfig>> {
@@ -119,6 +122,12 @@ fn record_config(args: cli::RecordArgs) -> Result<Option<RecordConfig>> {
             },
             command,
         ),
+        Some(Event::Alloc { every, command }) => {
+            if args.native || args.kernel {
+                return Err(error::UserError::AllocWithNative.into());
+            }
+            (EventSpec::Alloc { every }, command)
+        }
         Some(Event::Syscall { names, list, command }) => {
             let known = system::syscall_tracepoints()?;
             if list {
@@ -162,6 +171,14 @@ fn record_config(args: cli::RecordArgs) -> Result<Option<RecordConfig>> {
             window: positive(cli::parse_duration(window)?, "--flight-recorder")?,
         }),
         (None, None) => None,
+    };
+    // Every allocation traps while `alloc` records (microseconds each): on
+    // a running program it stops by itself unless told how long.
+    let duration = match (&event, &target, &continuous) {
+        (EventSpec::Alloc { .. }, Target::Pids(_) | Target::All, None) if duration.is_none() => {
+            Some(ALLOC_DEFAULT_DURATION)
+        }
+        _ => duration,
     };
     if args.keep == Some(0) {
         anyhow::bail!("--keep 0 would keep nothing: give at least 1");

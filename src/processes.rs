@@ -451,6 +451,7 @@ impl Processes {
                 f.ruby = None;
                 f.label = None;
                 f.inspect_until = Some(Instant::now() + INSPECT_FOR);
+                probe.drop_process_probes(id.pid);
                 if let Some(native) = &mut self.native {
                     native.forget(probe, id.pid);
                 }
@@ -478,6 +479,7 @@ impl Processes {
             // Its recipe, if added after BPF dropped it at the exit (a Ruby
             // inspected just before it ended).
             probe.remove_process_of(pid, f.id.start_ticks);
+            probe.drop_process_probes(pid);
             if let Some(native) = &mut self.native {
                 native.forget(probe, pid);
             }

@@ -58,6 +58,11 @@ pub struct RubyTarget {
     pub object_class: Option<u64>,
     /// Where `ruby_current_vm_ptr` is (Ruby 3.2 names classes through the VM).
     pub vm_ptr: Option<u64>,
+    /// `alloc`: the layout's allocation functions found in the VM, with
+    /// where each is loaded.
+    pub alloc_functions: Vec<(ruby_structs::AllocFunction, u64)>,
+    /// Where `rb_cBasicObject` is (`alloc`: its allocator, on some Rubies).
+    pub basic_object_class: Option<u64>,
 }
 
 impl RubyTarget {
@@ -129,6 +134,13 @@ impl RubyTarget {
             .unwrap_or_else(|| format!("Ruby {version}"));
         let object_class = image.symbol("rb_cObject").map(|s| bias + s.value);
         let vm_ptr = image.symbol("ruby_current_vm_ptr").map(|s| bias + s.value);
+        let alloc_functions = layout
+            .alloc
+            .iter()
+            .flat_map(|a| &a.functions)
+            .filter_map(|f| Some((f.clone(), bias + image.symbol(&f.name)?.value)))
+            .collect();
+        let basic_object_class = image.symbol("rb_cBasicObject").map(|s| bias + s.value);
         Ok(Self {
             process,
             start_ticks,
@@ -142,6 +154,8 @@ impl RubyTarget {
             description,
             object_class,
             vm_ptr,
+            alloc_functions,
+            basic_object_class,
         })
     }
 

@@ -283,6 +283,28 @@ pub struct Waits {
     pub gvl_holder: u32,
 }
 
+/// Where the VM allocates objects (`rprof record ... alloc`): functions
+/// probed at their entry, whose arguments give the class and the flags.
+#[derive(Debug, Clone, Deserialize)]
+pub struct Alloc {
+    pub functions: Vec<AllocFunction>,
+    /// The `allocator` of a class's classext, where `Class#new` of a plain
+    /// class allocates inside gc.c without calling any of `functions`
+    /// (3.1 to 3.3): BasicObject's allocator is then probed too.
+    pub ext_allocator: Option<u32>,
+}
+
+/// An exported allocation function and where its arguments are (from 0):
+/// the class, and the flags (which hold the type), or else the one type it
+/// makes (`enum ruby_value_type`: 12 for T_DATA).
+#[derive(Debug, Clone, Deserialize)]
+pub struct AllocFunction {
+    pub name: String,
+    pub class_arg: u8,
+    pub flags_arg: Option<u8>,
+    pub object_type: Option<u8>,
+}
+
 /// Everything rprof knows about one Ruby minor version's memory layout.
 #[derive(Debug, Clone, Deserialize)]
 pub struct Layout {
@@ -305,6 +327,8 @@ pub struct Layout {
     pub st_table: StTable,
     pub symbols: Symbols,
     pub gc: Gc,
+    /// None where allocation probes are not known (checked) for the version.
+    pub alloc: Option<Alloc>,
 }
 
 /// The layout files, embedded at build time, sorted by version. A file named

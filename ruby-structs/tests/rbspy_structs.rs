@@ -374,6 +374,10 @@ macro_rules! ruby_3_3_on {
                 ("class.ext_permanent_classpath_byte", path_byte as usize, c.ext_permanent_classpath_byte.unwrap_or(0)),
                 ("class.ext_permanent_classpath_mask", usize::from(path_mask), u32::from(c.ext_permanent_classpath_mask.unwrap_or(0))),
             ]);
+            // Where BasicObject's allocator is read (`alloc`, 3.3 only).
+            if let Some(off) = l.alloc.as_ref().and_then(|a| a.ext_allocator) {
+                fields.push(("alloc.ext_allocator", offset_of!(r::rb_classext_struct, as_.class.allocator), off));
+            }
             fields.extend(waits!(r, l, base: ractor, holder: rb_ractor_struct.threads.sched.running, node: sched.node.readyq));
             wrong.extend(compare($v, &fields));
         })*

@@ -359,7 +359,7 @@ impl Collector {
         if s.has(types::rprof_sample_flags::RPROF_SAMPLE_TRUNCATED) {
             stack.push(Frame::marker("[truncated]"));
         }
-        let (ruby, unknown) = self.name_ruby(s, resolver, unwinder);
+        let (ruby, mut unknown) = self.name_ruby(s, resolver, unwinder);
         match &mut self.native {
             Some((names, all)) => stack.extend(resolve::stitched(
                 names,
@@ -388,6 +388,10 @@ impl Collector {
                 f.kind == FrameKind::CMethod || f.file.as_deref().is_some_and(|p| p.starts_with("<internal:"))
             });
             stack.push(Frame::state(wall::state_label(h, leaf.map(|f| f.name.as_str()))));
+        } else if h.alloc_type != 0 {
+            let (frame, why) = alloc_frame(h, resolver, sample_time(s));
+            stack.push(frame);
+            unknown.extend(why);
         } else if h.event > 0 {
             let name = self
                 .events
@@ -422,11 +426,7 @@ impl Collector {
         if let Some(named) = self.named_ruby.get(&key) {
             return (named.clone(), Vec::new());
         }
-        let time = if s.has(types::rprof_sample_flags::RPROF_SAMPLE_GC_EDGE) {
-            SampleTime::at_edge(GcTime(h.gc_time))
-        } else {
-            SampleTime::at(GcTime(h.gc_time))
-        };
+        let time = sample_time(s);
         let frames = if s.has(types::rprof_sample_flags::RPROF_SAMPLE_GC_MOVING) {
             resolver.moving_stack(&s.frames, time)
         } else {
@@ -554,6 +554,58 @@ struct CachedStack {
     /// `wall`: the thread and kind of time it counts (None: not a walked
     /// stack of the sample pending time is shared by).
     kind: Option<WallKind>,
+}
+
+/// The GC time a sample was taken at, as its frames' objects are named.
+fn sample_time(s: &Sample) -> SampleTime {
+    let at = GcTime(s.header.gc_time);
+    if s.has(types::rprof_sample_flags::RPROF_SAMPLE_GC_EDGE) {
+        SampleTime::at_edge(at)
+    } else {
+        SampleTime::at(at)
+    }
+}
+
+/// `alloc`: the leaf saying what was allocated, `[alloc: Foo]`; a hidden
+/// object (no class: Ruby's own) by its type.
+fn alloc_frame(
+    h: &types::rprof_sample_header,
+    resolver: &mut crate::resolve::Resolver,
+    time: SampleTime,
+) -> (Frame, Option<Unknown>) {
+    if h.alloc_class == 0 {
+        let name = format!("[alloc: hidden {}]", value_type_name(h.alloc_type));
+        return (Frame::event(name), None);
+    }
+    match resolver.class_name(h.alloc_class, time) {
+        Ok(name) => (Frame::event(format!("[alloc: {name}]")), None),
+        Err(why) => (Frame::event("[alloc: unknown class]"), Some(why)),
+    }
+}
+
+/// `enum ruby_value_type`, the same from Ruby 2.7 to 3.4.
+fn value_type_name(t: u32) -> &'static str {
+    match t {
+        0x01 => "object",
+        0x02 => "class",
+        0x03 => "module",
+        0x04 => "float",
+        0x05 => "string",
+        0x06 => "regexp",
+        0x07 => "array",
+        0x08 => "hash",
+        0x09 => "struct",
+        0x0a => "bignum",
+        0x0b => "file",
+        0x0c => "data",
+        0x0d => "match",
+        0x0e => "complex",
+        0x0f => "rational",
+        0x14 => "symbol",
+        0x1a => "imemo",
+        0x1c => "iclass",
+        _ => "object of an unknown type",
+    }
 }
 
 /// The frame of a collection the sampled thread was running, under the

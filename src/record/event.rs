@@ -1,6 +1,7 @@
-//! What a recording counts: CPU samples at a frequency, or traced system
-//! calls. Each kind knows how it is checked, attached, described and paced,
-//! so the recording loop never asks which one it has.
+//! What a recording counts: CPU samples at a frequency, traced system
+//! calls, every thread's time, or allocations. Each kind knows how it is
+//! checked, attached, described and paced, so the recording loop never asks
+//! which one it has.
 
 use std::time::Duration;
 
@@ -13,10 +14,12 @@ use crate::recording::Event;
 use crate::system;
 
 use super::collector::Collector;
-use super::wall;
+use super::{alloc, wall};
 
 /// Highest sampling frequency accepted.
 const MAX_FREQUENCY: u64 = 100_000;
+/// Sparsest allocation sampling accepted (`alloc --every`).
+const MAX_EVERY: u64 = 1_000_000;
 
 pub enum EventSpec {
     Cpu {
@@ -28,6 +31,10 @@ pub enum EventSpec {
     /// interval counted whole at the context switches, with its reason.
     Wall {
         frequency: u64,
+    },
+    /// Object allocations, 1 in `every` walked (and weighing `every`).
+    Alloc {
+        every: u64,
     },
 }
 
@@ -46,6 +53,14 @@ impl EventSpec {
             }
             EventSpec::Cpu { .. } | EventSpec::Wall { .. } => Ok(()),
             EventSpec::Syscalls(_) => system::tracefs().map(|_| ()).map_err(Into::into),
+            EventSpec::Alloc { every } if *every == 0 || *every > MAX_EVERY => {
+                Err(UserError::BadAllocEvery {
+                    given: *every,
+                    max: MAX_EVERY,
+                }
+                .into())
+            }
+            EventSpec::Alloc { .. } => Ok(()),
         }
     }
 
@@ -55,6 +70,7 @@ impl EventSpec {
             EventSpec::Cpu { .. } => vec!["cpu".to_string()],
             EventSpec::Wall { .. } => vec!["wall".to_string()],
             EventSpec::Syscalls(names) => names.clone(),
+            EventSpec::Alloc { .. } => vec!["alloc".to_string()],
         }
     }
 
@@ -68,6 +84,7 @@ impl EventSpec {
             EventSpec::Wall { frequency } => Event::Wall {
                 frequency: *frequency,
             },
+            EventSpec::Alloc { every } => Event::Alloc { every: *every },
         }
     }
 
@@ -84,6 +101,31 @@ impl EventSpec {
                 .iter()
                 .enumerate()
                 .try_for_each(|(i, name)| probe.attach_tracepoint("syscalls", name, i as u32 + 1)),
+            // In each process, as it is found (attach_processes).
+            EventSpec::Alloc { .. } => Ok(()),
+        }
+    }
+
+    /// Probes in the followed processes that have none yet (`alloc`, whose
+    /// probes are per process). A process among `roots` that cannot be
+    /// probed is an error; another is said and left out.
+    pub fn attach_processes(
+        &self,
+        probe: &mut Probe,
+        processes: &mut Processes,
+        roots: &[u32],
+    ) -> Result<()> {
+        match self {
+            EventSpec::Alloc { .. } => alloc::attach_new(probe, processes, roots),
+            _ => Ok(()),
+        }
+    }
+
+    /// `alloc`: 1 in how many allocations is walked.
+    pub fn alloc_every(&self) -> Option<u32> {
+        match self {
+            EventSpec::Alloc { every } => Some(*every as u32),
+            _ => None,
         }
     }
 
@@ -95,6 +137,10 @@ impl EventSpec {
                 format!("timing every thread, on CPU or not (on CPU sampled at {frequency} Hz)")
             }
             EventSpec::Syscalls(names) => format!("tracing {}", names.join(", ")),
+            EventSpec::Alloc { every: 1 } => "tracing every allocation".to_string(),
+            EventSpec::Alloc { every } => {
+                format!("tracing 1 in {every} allocations at random (counts scaled by {every})")
+            }
         }
     }
 
@@ -130,7 +176,7 @@ impl EventSpec {
                 Duration::from_secs(1) / (*frequency).max(1) as u32
             }
             // Traced events come whenever the target makes them, not at ticks.
-            EventSpec::Syscalls(_) => Duration::from_millis(2),
+            EventSpec::Syscalls(_) | EventSpec::Alloc { .. } => Duration::from_millis(2),
         }
     }
 }

@@ -2,6 +2,7 @@
 //! duration ends, Ctrl-C, or the target exits, and always write what was
 //! collected, with counts of what was lost or failed.
 
+mod alloc;
 mod collector;
 mod event;
 mod peer;
@@ -103,6 +104,7 @@ pub fn record(cfg: RecordConfig) -> Result<Option<ExitStatus>> {
         wall: cfg.event.is_wall(),
         traced: cfg.event.is_traced(),
         follow_every_exec: matches!(cfg.target, Target::All),
+        alloc_every: cfg.event.alloc_every(),
     })?;
     let signals = StopSignals::install()?;
     let unwinder = native_rows.map(Unwinder::new);
@@ -147,6 +149,12 @@ pub fn record(cfg: RecordConfig) -> Result<Option<ExitStatus>> {
     let output = output_path(&cfg, format, &file_stem, header.started_ns);
     let sinks = open_sinks(&cfg, &header, format, &output, &file_stem)?;
     cfg.event.attach(&mut probe)?;
+    // Those given by PID must be probed (alloc); others are said and left out.
+    let strict: Vec<u32> = match &cfg.target {
+        Target::Pids(pids) => pids.clone(),
+        _ => child.iter().map(|c| c.id()).collect(),
+    };
+    cfg.event.attach_processes(&mut probe, &mut processes, &strict)?;
     // `wall`: the threads blocked since before now, seeded at once.
     cfg.event.epoch_ends(&mut probe, &mut processes, &mut collector)?;
 
@@ -239,6 +247,9 @@ impl Session<'_> {
     fn tick(&mut self) -> Result<()> {
         self.sinks.keys()?;
         self.processes.inspect_pending(&mut self.probe)?;
+        self.cfg
+            .event
+            .attach_processes(&mut self.probe, &mut self.processes, &[])?;
         self.collector.warm(&self.processes, self.cfg.kernel);
         for f in self.processes.all() {
             if let Some(ruby) = &mut f.ruby {

@@ -51,7 +51,9 @@ fn check(before: &Named, after: &Named, absolute: bool) -> Result<(), UserError>
         )
     };
     let same_kind = match (b, a) {
-        (Event::Cpu { .. }, Event::Cpu { .. }) | (Event::Wall { .. }, Event::Wall { .. }) => true,
+        (Event::Cpu { .. }, Event::Cpu { .. })
+        | (Event::Wall { .. }, Event::Wall { .. })
+        | (Event::Alloc { .. }, Event::Alloc { .. }) => true,
         (Event::Syscalls(x), Event::Syscalls(y)) => x == y,
         _ => false,
     };

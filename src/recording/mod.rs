@@ -45,6 +45,10 @@ pub enum Event {
     Wall {
         frequency: u64,
     },
+    /// Object allocations, 1 in `every` traced (counts scaled by it).
+    Alloc {
+        every: u64,
+    },
 }
 
 impl Event {
@@ -54,6 +58,7 @@ impl Event {
             Event::Cpu { .. } => "samples",
             Event::Syscalls(_) => "events",
             Event::Wall { .. } => "samples and switches",
+            Event::Alloc { .. } => "allocations",
         }
     }
 
@@ -66,6 +71,9 @@ impl Event {
                 name: "syscalls".to_string(),
             },
             Event::Wall { .. } => Unit::Wall,
+            Event::Alloc { .. } => Unit::Events {
+                name: "alloc_objects".to_string(),
+            },
         }
     }
 }
@@ -75,6 +83,8 @@ impl std::fmt::Display for Event {
         match self {
             Event::Cpu { frequency } => write!(f, "cpu at {frequency} Hz"),
             Event::Wall { frequency } => write!(f, "wall, on CPU at {frequency} Hz"),
+            Event::Alloc { every: 1 } => write!(f, "alloc"),
+            Event::Alloc { every } => write!(f, "alloc, 1 in {every}"),
             Event::Syscalls(names) => {
                 let names: Vec<&str> = names
                     .iter()

@@ -332,6 +332,57 @@ impl Resolver {
         out
     }
 
+    /// The name of the class at `klass` as a sample of time `sample` saw it
+    /// (an allocation's class): from what is known, else read while the GC
+    /// stands still.
+    pub fn class_name(&mut self, klass: u64, sample: SampleTime) -> Result<String, Unknown> {
+        self.now = None;
+        match self.class_label(klass, sample) {
+            Err(Unknown::NotYet) => {}
+            known => return known,
+        }
+        let deadline = Instant::now() + BUSY_WAIT;
+        loop {
+            let before = self.read_clock().ok_or(Unknown::Unreadable)?;
+            if !before.unsettled {
+                self.now = Some(before.time);
+                let named = self.class_label(klass, sample);
+                self.now = None;
+                let after = self.read_clock();
+                if after.and_then(|a| bracket(before, a)) == Some(before.time) {
+                    self.commit();
+                    return named;
+                }
+                self.roll_back();
+                after.ok_or(Unknown::Unreadable)?;
+            }
+            if Instant::now() >= deadline {
+                return Err(Unknown::GcBusy);
+            }
+            std::thread::sleep(Duration::from_micros(50));
+        }
+    }
+
+    /// What Ruby's `Class#name` (or `#inspect`, for an anonymous class) says.
+    fn class_label(&mut self, klass: u64, sample: SampleTime) -> Result<String, Unknown> {
+        let (class, _, _) = self.class(klass, sample)?;
+        match &*class {
+            Class::Named(Some((path, _))) => Ok(path.clone()),
+            Class::Named(None) => Ok(format!("#<Class:{klass:#018x}>")),
+            // A singleton class's object: a class's metaclass, made as
+            // Ruby creates singleton classes (`#<Class:Foo>`).
+            Class::Singleton(Some(attached)) => {
+                let attached = *attached;
+                let (of, _, _) = self.class(attached, sample)?;
+                Ok(match &*of {
+                    Class::Named(Some((path, _))) => format!("#<Class:{path}>"),
+                    _ => "#<Class:(singleton class)>".to_string(),
+                })
+            }
+            Class::Singleton(None) | Class::Other => Err(Unknown::Unreadable),
+        }
+    }
+
     /// The thread frame of an M:N Ruby thread (one sharing native threads):
     /// its Thread#name, read while the GC stands still, and the address of
     /// its `rb_thread_t`, which stays the same for the thread's life.

@@ -396,7 +396,7 @@ impl Run {
         let line = self
             .stderr
             .lines()
-            .find(|l| l.contains(" samples, ") || l.contains(" events, "))
+            .find(|l| l.contains(" samples, ") || l.contains(" events, ") || l.contains(" allocations, "))
             .unwrap_or_else(|| panic!("no summary line in {:?}", self.stderr));
         let words: Vec<&str> = line
             .split([',', ' ', ':', ';'])

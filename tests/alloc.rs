@@ -1,0 +1,170 @@
+//! `rprof record ... alloc`: object allocations, each with the Ruby stack
+//! that made it and its class at the leaf, counted on real programs whose
+//! allocations are known.
+
+mod common;
+
+use std::io::Write;
+use std::process::Stdio;
+use std::time::Duration;
+
+use common::{attach, label, line, Folded, Ruby, Run, Target};
+
+/// alloc_work.rb's N: Foo objects in `make_foos`; 2N strings, 3N arrays.
+const N: u64 = 20_000;
+
+/// Allocations with leaf `[alloc: CLASS]` under `method` at `at` (its line).
+fn allocated(f: &Folded, method: &str, at: u32, class: &str) -> u64 {
+    let leaf = format!("[alloc: {class}]");
+    f.stacks
+        .iter()
+        .filter(|(s, _)| s.last() == Some(&leaf))
+        .filter(|(s, _)| s.iter().any(|fr| label(fr) == method && line(fr) == Some(at)))
+        .map(|(_, n)| n)
+        .sum()
+}
+
+/// Every object allocated under `method`, of whatever class (not Ruby's
+/// own imemos: 3.4 makes a few, call caches, at a method's first calls).
+fn under(f: &Folded, method: &str) -> u64 {
+    f.stacks
+        .iter()
+        .filter(|(s, _)| s.last().is_some_and(|l| l != "[alloc: hidden imemo]"))
+        .filter(|(s, _)| s.iter().any(|fr| label(fr) == method))
+        .map(|(_, n)| n)
+        .sum()
+}
+
+fn report(ruby: &Ruby, run: &Run) -> String {
+    let mut lines: Vec<(u64, String)> = run.folded.stacks.iter().map(|(s, n)| (*n, s.join(";"))).collect();
+    lines.sort_by_key(|l| std::cmp::Reverse(l.0));
+    let top: Vec<String> = lines.iter().take(12).map(|(n, s)| format!("{n} {s}")).collect();
+    format!("Ruby {}:\n{}\n{}", ruby.name, top.join("\n"), run.stderr)
+}
+
+/// alloc_work.rb on `ruby`, recorded with `alloc ARGS` from before it
+/// allocates until after it has; and the objects GC.stat counted in
+/// `mixed`.
+fn record_work(ruby: &Ruby, args: &[&str]) -> (Run, u64) {
+    let mut cmd = ruby.command("alloc_work.rb", &[&N.to_string()]);
+    cmd.stdin(Stdio::piped());
+    let mut target = Target::start(&mut cmd);
+    let mut all = vec!["alloc"];
+    all.extend_from_slice(args);
+    // Said once its probes are in: every allocation after this is seen.
+    let rprof = attach(target.pid, &all);
+    let mut stdin = target.child.stdin.take().expect("the program's stdin");
+    stdin.write_all(b"go\n").expect("start the program");
+    // Every allocation traps, and 2.7 reads each thread's EC slowly: a
+    // minute is ample (2.7 takes about 2 s for N = 20,000).
+    let done = target.wait_line("done", Duration::from_secs(60));
+    rprof.interrupt();
+    let mixed = done
+        .strip_prefix("done mixed=")
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{done:?}"));
+    (rprof.finish(), mixed)
+}
+
+/// Every allocation counted once, under the method and line that made it,
+/// with its class: exactly the program's own counts.
+fn exact_counts(ruby: &Ruby) {
+    let (run, mixed) = record_work(ruby, &[]);
+    let why = report(ruby, &run);
+    assert!(run.success, "{why}");
+    let f = &run.folded;
+    let foos = allocated(f, "Object#make_foos", 12, "Foo");
+    let strings = allocated(f, "Object#make_strings", 20, "String");
+    let arrays = allocated(f, "Object#make_arrays", 28, "Array");
+    eprintln!("Ruby {}: Foo {foos}, String {strings}, Array {arrays}", ruby.name);
+    assert_eq!(foos, N, "{why}");
+    assert_eq!(strings, 2 * N, "{why}");
+    assert_eq!(arrays, 3 * N, "{why}");
+    // Nothing else allocates there, and nothing is left unnamed.
+    assert_eq!(under(f, "Object#make_foos"), N, "{why}");
+    assert_eq!(under(f, "Object#make_strings"), 2 * N, "{why}");
+    assert_eq!(under(f, "Object#make_arrays"), 3 * N, "{why}");
+    // Every object Ruby counts, of every kind (a lambda is a T_DATA).
+    let all_mixed = f
+        .stacks
+        .iter()
+        .filter(|(s, _)| s.iter().any(|fr| label(fr) == "Object#mixed"))
+        .map(|(_, n)| n)
+        .sum::<u64>();
+    eprintln!("Ruby {}: mixed {all_mixed}, GC.stat {mixed}", ruby.name);
+    // Ruby also counts the few objects gc.c makes without an exported
+    // function (measured: 10 of 140,000 short on 3.1 and 3.3, 2 on 3.4; on
+    // 2.7 GC.stat's own call adds 1): within 0.1%, never more than Ruby.
+    assert!(all_mixed <= mixed && mixed - all_mixed <= mixed / 1000, "{why}");
+    assert_eq!(allocated(f, "Object#mixed", 42, "Proc"), N, "{why}");
+    assert_eq!(allocated(f, "Object#mixed", 42, "S"), N, "{why}");
+    assert_eq!(run.summary("lost"), 0, "{why}");
+    assert!(!run.stderr.contains("[unknown]"), "{why}");
+}
+
+#[test]
+fn exact_counts_ruby_2_7() {
+    exact_counts(&Ruby::named("2.7"));
+}
+
+#[test]
+fn exact_counts_ruby_3_1() {
+    exact_counts(&Ruby::host());
+}
+
+#[test]
+fn exact_counts_ruby_3_3() {
+    exact_counts(&Ruby::named("3.3"));
+}
+
+#[test]
+fn exact_counts_ruby_3_4() {
+    exact_counts(&Ruby::named("3.4"));
+}
+
+/// `--every 2`: 1 in 2 allocations, at random, each counted as 2. The
+/// scaled counts are within 5% of the truth (the bound). Each kept
+/// count is binomial: for N = 20,000 Foo objects, one standard deviation of
+/// the scaled count is 2 * sqrt(N / 4) = 141, 0.71% of N, so 5% is 7 of
+/// them (0.5% and 0.41% for the strings and arrays). With `--every 10`
+/// it was 2.1%, and 5% only 2.4 of them: measured -3.1% in 6 runs.
+#[test]
+fn sampled_counts_are_scaled() {
+    let ruby = Ruby::named("3.3");
+    let (run, _) = record_work(&ruby, &["--every", "2"]);
+    let why = report(&ruby, &run);
+    assert!(run.success, "{why}");
+    let f = &run.folded;
+    for (method, at, class, truth) in [
+        ("Object#make_foos", 12, "Foo", N),
+        ("Object#make_strings", 20, "String", 2 * N),
+        ("Object#make_arrays", 28, "Array", 3 * N),
+    ] {
+        let n = allocated(f, method, at, class);
+        eprintln!("{method} {class}: {n} of {truth}");
+        assert_eq!(n % 2, 0, "each kept allocation counts 2: {why}");
+        let off = (n as f64 - truth as f64).abs() / truth as f64;
+        assert!(off <= 0.05, "{method}: {n} against {truth}\n{why}");
+    }
+}
+
+/// A program that allocates nothing while recorded shows no allocation.
+#[test]
+fn no_allocations_none_shown() {
+    let ruby = Ruby::host();
+    let target = ruby.spawn("alloc_work.rb", &["1", "spin"]);
+    let run = common::record(target.pid, &["-d", "2", "alloc"]);
+    assert!(run.success, "{}", run.stderr);
+    assert_eq!(run.folded.total(), 0, "{:?}\n{}", run.folded.stacks, run.stderr);
+    assert!(run.stderr.contains(" 0 allocations"), "{}", run.stderr);
+}
+
+#[test]
+fn alloc_refuses_native_frames() {
+    let run = common::record_args(&["-p", "1", "--native", "alloc"]);
+    assert_eq!(run.code, Some(1), "{}", run.stderr);
+    assert_eq!(
+        run.stderr.trim(),
+        "rprof: error: `alloc` records Ruby stacks only: leave out --native and --kernel"
+    );
+}
