@@ -1,7 +1,8 @@
 #!/bin/sh
 # Packages the stripped binary DIST/rprof as DIST/rprof_VERSION_amd64.deb:
 # the binary, its man pages and its bash, zsh and fish completions, made by
-# the binary itself from its command-line definition. dpkg-deb only.
+# the binary itself from its command-line definition, and the agent's
+# systemd unit with its settings (packaging/). dpkg-deb only.
 #   scripts/make-deb.sh DIST VERSION
 set -eu
 DIST=$1
@@ -12,6 +13,10 @@ mkdir -p "$PKG/DEBIAN" "$PKG/usr/bin" "$PKG/usr/share/man/man1" \
     "$PKG/usr/share/bash-completion/completions" "$PKG/usr/share/zsh/vendor-completions" \
     "$PKG/usr/share/fish/vendor_completions.d" "$PKG/usr/share/doc/rprof"
 install -m 0755 "$DIST/rprof" "$PKG/usr/bin/rprof"
+# `rprof agent` as a service, not enabled: its push URL comes first.
+mkdir -p "$PKG/lib/systemd/system" "$PKG/etc/default"
+install -m 0644 packaging/rprof-agent.service "$PKG/lib/systemd/system/rprof-agent.service"
+install -m 0644 packaging/rprof-agent.default "$PKG/etc/default/rprof-agent"
 "$DIST/rprof" generate man "$PKG/usr/share/man/man1"
 gzip -9n "$PKG"/usr/share/man/man1/*.1
 "$DIST/rprof" generate completions bash > "$PKG/usr/share/bash-completion/completions/rprof"
@@ -21,7 +26,8 @@ cat > "$PKG/usr/share/doc/rprof/copyright" <<COPYRIGHT
 rprof: a Ruby-aware sampling profiler for Linux, built on eBPF.
 License: MIT OR Apache-2.0
 COPYRIGHT
-SIZE=$(du -sk "$PKG/usr" | cut -f1)
+echo /etc/default/rprof-agent > "$PKG/DEBIAN/conffiles"
+SIZE=$(du -sk "$PKG/usr" "$PKG/lib" "$PKG/etc" | awk '{s += $1} END {print s}')
 cat > "$PKG/DEBIAN/control" <<CONTROL
 Package: rprof
 Version: $VERSION

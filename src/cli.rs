@@ -44,6 +44,13 @@ pub enum Command {
         rprof diff before.rprof after.rprof --format summary   functions by change in share\n  \
         rprof diff before.rprof after.rprof --absolute -o d.svg  counts as recorded, not shares")]
     Diff(DiffArgs),
+    /// Profile every Ruby process on this host without end, and push one
+    /// profile per process per interval to Grafana Pyroscope.
+    #[command(after_help = "EXAMPLES:\n  \
+        rprof agent --push http://pyroscope:4040                    CPU, every 15 s\n  \
+        rprof agent --push https://profiles.example --tenant team-a --label env=prod\n  \
+        rprof agent --push URL --basic-auth-user 123 --basic-auth-password-file /etc/rprof/token")]
+    Agent(AgentArgs),
     /// Write rprof's man pages into a directory, or a shell's completions to
     /// standard output (for packages).
     #[command(hide = true)]
@@ -205,6 +212,50 @@ pub enum Event {
         #[arg(last = true, value_name = "COMMAND")]
         command: Vec<String>,
     },
+}
+
+#[derive(Debug, Args)]
+pub struct AgentArgs {
+    /// Pyroscope's URL (its push API is under it: URL/push.v1.PusherService/Push).
+    #[arg(long, value_name = "URL")]
+    pub push: String,
+    /// How much each pushed profile covers (15s, 1m...).
+    #[arg(long, default_value = "15s", value_name = "DURATION")]
+    pub interval: String,
+    /// Samples per second per CPU.
+    #[arg(short = 'F', long, default_value_t = 99)]
+    pub frequency: u64,
+    /// What to profile: cpu, or wall (every thread's time, and why it waits).
+    #[arg(long, value_enum, default_value = "cpu")]
+    pub event: AgentEvent,
+    /// A label on every profile (env=prod); repeat for more.
+    #[arg(long = "label", value_name = "NAME=VALUE")]
+    pub labels: Vec<String>,
+    /// HTTP basic auth user (Grafana Cloud: the stack's user ID).
+    #[arg(long, value_name = "USER", requires = "basic_auth_password_file")]
+    pub basic_auth_user: Option<String>,
+    /// A file holding the password (an API token), readable by its owner only.
+    #[arg(long, value_name = "FILE", requires = "basic_auth_user")]
+    pub basic_auth_password_file: Option<PathBuf>,
+    /// The tenant (X-Scope-OrgID), for a multi-tenant Pyroscope.
+    #[arg(long, value_name = "ID")]
+    pub tenant: Option<String>,
+    /// Profile only these Rubies: a service name, or cgroup:TEXT for those
+    /// whose cgroup path holds TEXT; repeat for more.
+    #[arg(long, value_name = "NAME|cgroup:TEXT")]
+    pub only: Vec<String>,
+    /// Leave these Rubies out (as --only says them); repeat for more.
+    #[arg(long, value_name = "NAME|cgroup:TEXT")]
+    pub exclude: Vec<String>,
+    /// Stop after this many seconds (default: never).
+    #[arg(short, long)]
+    pub duration: Option<f64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum AgentEvent {
+    Cpu,
+    Wall,
 }
 
 #[derive(Debug, Args)]

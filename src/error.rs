@@ -79,6 +79,15 @@ pub enum UserError {
     #[error("`alloc` records Ruby stacks only: leave out --native and --kernel")]
     AllocWithNative,
 
+    #[error("--push {given:?} is not a URL: give Pyroscope's, like http://pyroscope:4040")]
+    BadPushUrl { given: String },
+
+    #[error("{path} can be read by others (mode {mode:o}): the password file must be its owner's only (chmod 600 {path})")]
+    OpenPasswordFile { path: String, mode: u32 },
+
+    #[error("--label {given:?}: give NAME=VALUE, NAME made of letters, digits and _ (not starting with a digit or __)")]
+    BadLabel { given: String },
+
     #[error("--every must be between 1 and {max}, not {given}")]
     BadAllocEvery { given: u64, max: u64 },
 

@@ -1,6 +1,7 @@
 //! rprof: parses the command line, runs it, prints errors. Nothing else.
 
 mod address_space;
+mod agent;
 mod bpf;
 mod cli;
 mod disasm;
@@ -66,6 +67,10 @@ fn run(cli: Cli) -> Result<ExitCode> {
             cfg.top = true;
             let status = record::record(cfg)?;
             Ok(status.map_or(ExitCode::SUCCESS, |s| ExitCode::from(launch::exit_code(s))))
+        }
+        Command::Agent(args) => {
+            agent::run(args)?;
+            Ok(ExitCode::SUCCESS)
         }
         Command::Report(args) => {
             report(args)?;
@@ -204,6 +209,8 @@ fn record_config(args: cli::RecordArgs) -> Result<Option<RecordConfig>> {
         native_all: args.native_all,
         kernel: args.kernel,
         top: false,
+        sink: None,
+        admit: None,
     }))
 }
 

@@ -124,7 +124,13 @@ pub struct Processes {
     /// --all: a process BPF reports exec'ing is looked at even if it was
     /// not followed, and let go if it is no Ruby.
     pub every_exec: bool,
+    /// --all: which Rubies found are profiled (`rprof agent --only`,
+    /// `--exclude`), by PID; None: all.
+    pub admit: Option<Admit>,
 }
+
+/// Whether the Ruby in process PID is to be profiled.
+pub type Admit = Box<dyn Fn(u32) -> bool>;
 
 /// Refused processes named in the summary; the rest are counted.
 const REFUSED_NAMED: usize = 5;
@@ -202,7 +208,13 @@ impl Processes {
             inspected: Instant::now(),
             refused: Vec::new(),
             every_exec: false,
+            admit: None,
         }
+    }
+
+    /// Whether the Ruby in process `pid`, found by --all, is profiled.
+    pub fn admits(&self, pid: u32) -> bool {
+        self.admit.as_ref().is_none_or(|admit| admit(pid))
     }
 
     /// Profiles `target` (given with -p or started by rprof); with `follow`,
@@ -551,6 +563,14 @@ impl Processes {
             let Ok(target) = RubyTarget::inspect(id.pid, self.force_version.as_deref()) else {
                 continue;
             };
+            // --all: a Ruby left out is let go like a program that is none.
+            if every_exec && lineage.is_empty() && !self.admits(id.pid) {
+                probe.unfollow(id.pid);
+                if self.live.remove(&id.pid).is_some() {
+                    self.counts.followed -= 1;
+                }
+                continue;
+            }
             if target.start_ticks == id.start_ticks && target.ready() {
                 // A Ruby still booting fails some checks: it is looked at
                 // again until its time runs out, and refused then.

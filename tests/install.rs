@@ -205,7 +205,7 @@ fn the_release_binary_records_in_a_minimal_chroot_without_build_tools_or_libelf(
 }
 
 #[test]
-fn the_deb_installs_a_working_rprof_with_its_man_page_and_removes_cleanly() {
+fn the_deb_installs_a_working_rprof_with_its_man_page_and_agent_service_and_removes_cleanly() {
     let (_, deb) = release();
     let root = server_chroot();
     std::fs::copy(&deb, root.join("tmp/rprof.deb")).expect("copy the package in");
@@ -214,8 +214,11 @@ fn the_deb_installs_a_working_rprof_with_its_man_page_and_removes_cleanly() {
         "dpkg -r rprof >/dev/null 2>&1; dpkg -i /tmp/rprof.deb >/dev/null && rprof --version && \
          man rprof | head -5 && man rprof-record | head -5 && ls /usr/share/bash-completion/completions/rprof \
          /usr/share/zsh/vendor-completions/_rprof /usr/share/fish/vendor_completions.d/rprof.fish && \
-         dpkg -r rprof >/dev/null && echo removed; dpkg -s rprof 2>&1 | head -1; \
-         ls /usr/bin/rprof /usr/share/man/man1/rprof.1.gz 2>&1",
+         man rprof-agent | head -5 && grep ExecStart= /lib/systemd/system/rprof-agent.service && \
+         grep ^RPROF_AGENT_ARGS= /etc/default/rprof-agent && \
+         dpkg -P rprof >/dev/null && echo removed; dpkg -s rprof 2>&1 | head -1; \
+         ls /usr/bin/rprof /usr/share/man/man1/rprof.1.gz /lib/systemd/system/rprof-agent.service \
+         /etc/default/rprof-agent 2>&1",
     );
     // Words as man justifies them, one space apart.
     let said = String::from_utf8_lossy(&out.stdout)
@@ -239,11 +242,26 @@ fn the_deb_installs_a_working_rprof_with_its_man_page_and_removes_cleanly() {
         said.contains("/usr/share/fish/vendor_completions.d/rprof.fish"),
         "{said}{err}"
     );
+    // The agent's service, not enabled, and its settings (a conffile).
+    assert!(
+        said.contains("rprof-agent - Profile every Ruby process on this host"),
+        "man rprof-agent renders: {said}{err}"
+    );
+    assert!(
+        said.contains("ExecStart=/usr/bin/rprof agent $RPROF_AGENT_ARGS"),
+        "{said}{err}"
+    );
+    assert!(
+        said.contains("RPROF_AGENT_ARGS=\"--push http://localhost:4040\""),
+        "{said}{err}"
+    );
     assert!(said.contains("removed"), "{said}{err}");
     assert!(said.contains("package 'rprof' is not installed"), "{said}{err}");
     assert!(
         said.contains("cannot access '/usr/bin/rprof'")
-            && said.contains("cannot access '/usr/share/man/man1/rprof.1.gz'"),
+            && said.contains("cannot access '/usr/share/man/man1/rprof.1.gz'")
+            && said.contains("cannot access '/lib/systemd/system/rprof-agent.service'")
+            && said.contains("cannot access '/etc/default/rprof-agent'"),
         "nothing left behind: {said}"
     );
 }

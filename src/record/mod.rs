@@ -30,7 +30,8 @@ use crate::system;
 use crate::unwind::{self, Unwinder};
 use collector::Collector;
 pub use event::EventSpec;
-use progress::Progress;
+pub use progress::Progress;
+pub use sinks::EpochSink;
 use sinks::{finish_sinks, open_sinks, output_format, output_path, Sinks};
 use summary::print_summary;
 
@@ -81,11 +82,16 @@ pub struct RecordConfig {
     /// `rprof top`: a live view instead of a progress line; an output only
     /// if one is named.
     pub top: bool,
+    /// Where epochs go instead of an output (`rprof agent`).
+    pub sink: Option<Box<dyn EpochSink>>,
+    /// --all: which Rubies are profiled (`rprof agent --only/--exclude`).
+    pub admit: Option<crate::processes::Admit>,
 }
 
 /// Records until the duration ends, a stop signal, or the target exits.
 /// Returns the exit status of the command rprof started, once it has ended.
-pub fn record(cfg: RecordConfig) -> Result<Option<ExitStatus>> {
+pub fn record(mut cfg: RecordConfig) -> Result<Option<ExitStatus>> {
+    let external = cfg.sink.take();
     system::check_privileges()?;
     system::check_btf()?;
     cfg.event.check()?;
@@ -110,6 +116,7 @@ pub fn record(cfg: RecordConfig) -> Result<Option<ExitStatus>> {
     let unwinder = native_rows.map(Unwinder::new);
     let mut processes = Processes::new(cfg.force_version.clone(), unwinder);
     processes.every_exec = matches!(cfg.target, Target::All);
+    processes.admit = cfg.admit.take();
     if cfg.subprocesses {
         probe.attach_process_tracking()?;
     }
@@ -147,7 +154,7 @@ pub fn record(cfg: RecordConfig) -> Result<Option<ExitStatus>> {
         _ => first_pid.to_string(),
     };
     let output = output_path(&cfg, format, &file_stem, header.started_ns);
-    let sinks = open_sinks(&cfg, &header, format, &output, &file_stem)?;
+    let sinks = open_sinks(&cfg, &header, format, &output, &file_stem, external)?;
     cfg.event.attach(&mut probe)?;
     // Those given by PID must be probed (alloc); others are said and left out.
     let strict: Vec<u32> = match &cfg.target {

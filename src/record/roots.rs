@@ -70,6 +70,9 @@ fn add_every_ruby(probe: &mut Probe, processes: &mut Processes, cfg: &RecordConf
         let Ok(t) = RubyTarget::inspect(pid, cfg.force_version.as_deref()) else {
             continue; // not a Ruby, or gone
         };
+        if !processes.admits(pid) {
+            continue;
+        }
         if !t.ready() {
             // Still booting: looked at until its VM is up (or let go).
             let id = ProcessId {

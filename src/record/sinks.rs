@@ -16,6 +16,15 @@ use crate::heap_log::HeapLog;
 use crate::recording::continuous::{FlightRecorder, PartOutput, Rotation};
 use crate::recording::{self, file, write_output, EpochCounts, Header, Output, RenderOptions, Summary};
 
+/// Where closed epochs go beyond files: given by whoever runs the recording
+/// (`rprof agent`'s push), which then writes no output of its own.
+pub trait EpochSink {
+    /// A closed epoch; `totals` are the recording's counts so far.
+    fn epoch(&mut self, counts: &EpochCounts, totals: &Summary, progress: &Progress) -> Result<()>;
+    /// The recording ended: what is still held goes now.
+    fn finish(&mut self, totals: &Summary);
+}
+
 /// Where the epochs of a recording go as they close.
 pub struct Sinks {
     /// The recording's file(s): --raw, `--format rprof`, or a temporary file
@@ -31,8 +40,9 @@ pub struct Sinks {
     render_from: Option<usize>,
     /// `rprof top`'s live view.
     top: Option<Top>,
-    /// No output (`rprof top` without -o).
+    /// No output (`rprof top` without -o, an external sink).
     discard: bool,
+    external: Option<Box<dyn EpochSink>>,
 }
 
 impl Sinks {
@@ -73,6 +83,9 @@ impl Sinks {
         }
         if let Some(h) = &mut self.heap {
             h.epoch(Duration::from_nanos(counts.end_ns))?;
+        }
+        if let Some(x) = &mut self.external {
+            x.epoch(counts, totals, progress)?;
         }
         Ok(())
     }
@@ -119,7 +132,9 @@ pub fn open_sinks(
     format: Format,
     output: &Output,
     named: &str,
+    external: Option<Box<dyn EpochSink>>,
 ) -> Result<Sinks> {
+    let discard = (cfg.top && cfg.output.is_none()) || external.is_some();
     let mut sinks = Sinks {
         streams: Vec::new(),
         raw: cfg.raw.clone(),
@@ -128,7 +143,8 @@ pub fn open_sinks(
         heap: HeapLog::from_env()?,
         render_from: None,
         top: cfg.top.then(|| Top::new(header)),
-        discard: cfg.top && cfg.output.is_none(),
+        discard,
+        external,
     };
     if sinks.discard {
         return Ok(sinks);
@@ -199,6 +215,9 @@ pub fn finish_sinks(
 ) -> (Vec<String>, Option<anyhow::Error>) {
     if let Some(t) = &mut sinks.top {
         t.finish();
+    }
+    if let Some(x) = &mut sinks.external {
+        x.finish(summary);
     }
     let mut written: Vec<String> = sinks.raw.iter().map(|p| p.display().to_string()).collect();
     if sinks.discard {

@@ -1,0 +1,382 @@
+//! `rprof agent`: every Ruby on the host, one profile per process per
+//! interval, pushed to a Pyroscope receiver (tests/agent/receiver.rs) that
+//! checks each push as Pyroscope does, and fails or stays silent on demand.
+
+mod common;
+#[path = "agent/receiver.rs"]
+mod receiver;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, ChildStderr, Command, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use common::{Ruby, Target, RPROF};
+use receiver::{Push, Receiver};
+
+/// `rprof agent --push URL --interval 1s ARGS`, once it records.
+struct Agent {
+    child: Child,
+    stderr: BufReader<ChildStderr>,
+}
+
+impl Agent {
+    fn start(url: &str, args: &[&str], env: &[(&str, &str)]) -> Agent {
+        let mut child = Command::new(RPROF)
+            .args(["agent", "--push", url, "--interval", "1s"])
+            .args(args)
+            .envs(env.iter().copied())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start rprof agent");
+        let mut stderr = BufReader::new(child.stderr.take().expect("stderr"));
+        let mut line = String::new();
+        while !line.contains("rprof: recording") {
+            line.clear();
+            assert!(
+                stderr.read_line(&mut line).expect("stderr") > 0,
+                "the agent ended"
+            );
+        }
+        Agent { child, stderr }
+    }
+
+    /// Ctrl-C; its last line of what it pushed (`rprof: agent: ...`).
+    fn stop(mut self) -> String {
+        // SAFETY: SIGINT to a child we started.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
+        let status = self.child.wait().expect("the agent ends");
+        let mut rest = String::new();
+        std::io::Read::read_to_string(&mut self.stderr, &mut rest).expect("stderr");
+        assert!(status.success(), "{rest}");
+        assert!(!rest.contains("panicked"), "{rest}");
+        let line = rest.lines().rev().find(|l| l.starts_with("rprof: agent: "));
+        line.unwrap_or_else(|| panic!("no agent line in {rest}"))
+            .to_string()
+    }
+
+    fn rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).expect("status");
+        let line = status.lines().find(|l| l.starts_with("VmRSS:")).expect("VmRSS");
+        line.split_whitespace()
+            .nth(1)
+            .and_then(|v| v.parse().ok())
+            .expect("a number")
+    }
+}
+
+fn unix_now_ns() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos() as i64
+}
+
+fn of_pid(pushes: &[Push], pid: u32) -> Vec<&Push> {
+    pushes
+        .iter()
+        .filter(|p| p.label("pid") == pid.to_string())
+        .collect()
+}
+
+/// A spinning Ruby (`Object#spin`), with the environment given.
+fn spinner(ruby: &Ruby, env: &[(&str, &str)], dir: Option<&std::path::Path>) -> Target {
+    let mut cmd = ruby.command("alloc_work.rb", &["1", "spin"]);
+    cmd.envs(env.iter().copied());
+    if let Some(d) = dir {
+        cmd.current_dir(d);
+    }
+    Target::start(&mut cmd)
+}
+
+/// Three Rubies, two before the agent and one after, each pushed every
+/// interval under its own service name and PID with its hot method; one
+/// that exits is pushed no more; one excluded is never pushed.
+#[test]
+fn every_ruby_pushed_under_its_own_labels() {
+    let server = Receiver::start();
+    let app = tempfile::Builder::new()
+        .prefix("shopapp")
+        .tempdir()
+        .expect("tempdir");
+    let alpha = spinner(&Ruby::host(), &[("PYROSCOPE_APPLICATION_NAME", "alpha")], None);
+    let shop = spinner(&Ruby::host(), &[], Some(app.path()));
+    let hidden = spinner(&Ruby::host(), &[("PYROSCOPE_APPLICATION_NAME", "hidden")], None);
+    let token = app.path().join("token");
+    std::fs::write(&token, "s3cret\n").expect("write the password");
+    std::fs::set_permissions(&token, std::os::unix::fs::PermissionsExt::from_mode(0o600)).expect("chmod");
+    let agent = Agent::start(
+        &server.url(),
+        &[
+            "--label",
+            "env=test",
+            "--exclude",
+            "hidden",
+            "--tenant",
+            "team-a",
+            "--basic-auth-user",
+            "123",
+            "--basic-auth-password-file",
+            token.to_str().unwrap(),
+        ],
+        &[],
+    );
+    let beta = spinner(&Ruby::named("3.4"), &[("OTEL_SERVICE_NAME", "beta")], None);
+    let shop_name = app.path().file_name().unwrap().to_str().unwrap().to_string();
+    let pushes = server.wait_for("three pushes of each", Duration::from_secs(30), |p| {
+        [alpha.pid, shop.pid, beta.pid]
+            .iter()
+            .all(|&pid| of_pid(p, pid).len() >= 3)
+    });
+    for (t, name) in [(&alpha, "alpha"), (&shop, shop_name.as_str()), (&beta, "beta")] {
+        let mine = of_pid(&pushes, t.pid);
+        for p in &mine {
+            assert_eq!(p.label("service_name"), name, "{p:#?}");
+            assert_eq!(p.label("__name__"), "process_cpu", "{p:#?}");
+            assert_eq!(p.label("env"), "test", "{p:#?}");
+            assert!(!p.label("hostname").is_empty(), "{p:#?}");
+            assert_eq!(p.status, 200, "the receiver refused it: {p:#?}");
+            assert_eq!(p.hottest(), "Object#spin", "{p:#?}");
+            assert!(
+                (500_000_000..=2_000_000_000).contains(&p.duration_nanos),
+                "{p:#?}"
+            );
+            let header = |h: &str| p.headers.get(h).map(String::as_str);
+            assert_eq!(header("x-scope-orgid"), Some("team-a"));
+            // base64("123:s3cret")
+            assert_eq!(header("authorization"), Some("Basic MTIzOnMzY3JldA=="));
+            assert_eq!(header("content-encoding"), Some("gzip"));
+        }
+        // One profile per interval, each starting where the last ended
+        // (within the 0.5 s an epoch takes).
+        for w in mine.windows(2) {
+            let gap = w[1].time_nanos - w[0].time_nanos;
+            assert!((500_000_000..=2_000_000_000).contains(&gap), "{:#?}", w);
+        }
+    }
+    assert!(
+        of_pid(&pushes, hidden.pid).is_empty(),
+        "--exclude hidden: pushed all the same"
+    );
+    let gone = alpha.pid;
+    drop(alpha); // killed
+    let ended_at = unix_now_ns();
+    server.wait_for("two more intervals of the others", Duration::from_secs(15), |p| {
+        of_pid(p, beta.pid)
+            .iter()
+            .filter(|x| x.time_nanos > ended_at)
+            .count()
+            >= 2
+    });
+    let late: Vec<Push> = of_pid(&server.pushes(), gone)
+        .into_iter()
+        .filter(|p| p.time_nanos > ended_at)
+        .cloned()
+        .collect();
+    assert!(late.is_empty(), "pushed after it ended: {late:#?}");
+    let said = agent.stop();
+    assert!(
+        said.contains(" 0 failed") && said.contains(" 0 dropped"),
+        "{said}"
+    );
+}
+
+/// The server down for 30 s, then up: the agent keeps recording, its memory
+/// stays put, what could not be queued is dropped and counted, and the
+/// pushes after the recovery carry the new intervals.
+#[test]
+fn a_server_down_then_up() {
+    let server = Receiver::start();
+    let ruby = spinner(&Ruby::host(), &[], None);
+    let agent = Agent::start(&server.url(), &[], &[("RPROF_PUSH_QUEUE", "4")]);
+    server.wait_for("a first push", Duration::from_secs(20), |p| {
+        !of_pid(p, ruby.pid).is_empty()
+    });
+    let rss_before = agent.rss_kib();
+    server.down();
+    let down_at = Instant::now();
+    std::thread::sleep(Duration::from_secs(30));
+    let rss_down = agent.rss_kib();
+    let up_at = unix_now_ns();
+    server.up();
+    let _ = down_at;
+    let pushes = server.wait_for(
+        "pushes of intervals after the recovery",
+        Duration::from_secs(60),
+        |p| {
+            of_pid(p, ruby.pid)
+                .iter()
+                .filter(|x| x.time_nanos > up_at)
+                .count()
+                >= 2
+        },
+    );
+    assert!(of_pid(&pushes, ruby.pid).iter().all(|p| p.status == 200));
+    // 30 profiles made while down, 4 queued at most (and the one retried).
+    let said = agent.stop();
+    let dropped: u64 = said
+        .split(", ")
+        .find_map(|w| w.strip_suffix(" dropped"))
+        .and_then(|n| n.rsplit(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no dropped count in {said}"));
+    assert!(dropped >= 20, "{said}");
+    // Measured: flat (the queue holds 4 profiles of a few KiB).
+    assert!(
+        rss_down < rss_before + 20 * 1024,
+        "RSS {rss_before} KiB -> {rss_down} KiB"
+    );
+}
+
+/// 429 twice, then 200: the same profile, retried with backoff (0.5 s, then
+/// 1 s, each up to a quarter more).
+#[test]
+fn throttled_then_accepted() {
+    let server = Receiver::start();
+    let ruby = spinner(&Ruby::host(), &[], None);
+    server.script(
+        ruby.pid,
+        &[(429, "{\"code\":\"resource_exhausted\",\"message\":\"slow down\"}"); 2],
+    );
+    let agent = Agent::start(&server.url(), &[], &[]);
+    let pushes = server.wait_for("an accepted push", Duration::from_secs(30), |p| {
+        of_pid(p, ruby.pid).iter().any(|x| x.status == 200)
+    });
+    let mine = of_pid(&pushes, ruby.pid);
+    let first = &mine[0];
+    let tries: Vec<&&Push> = mine.iter().filter(|p| p.id == first.id).collect();
+    assert_eq!(
+        tries.iter().map(|p| p.status).collect::<Vec<_>>(),
+        [429, 429, 200],
+        "{mine:#?}"
+    );
+    let gaps = [tries[1].at - tries[0].at, tries[2].at - tries[1].at];
+    assert!(
+        gaps[0] >= Duration::from_millis(500) && gaps[1] >= Duration::from_millis(1000),
+        "{gaps:?}"
+    );
+    let said = agent.stop();
+    assert!(said.contains(" 2 retried"), "{said}");
+}
+
+/// A push refused as invalid is said with the server's message, and not
+/// sent again.
+#[test]
+fn an_invalid_push_is_refused_not_retried() {
+    let server = Receiver::start();
+    server.always(
+        400,
+        "{\"code\":\"invalid_argument\",\"message\":\"tenant over its label limit\"}",
+    );
+    let ruby = spinner(&Ruby::host(), &[], None);
+    let agent = Agent::start(&server.url(), &[], &[]);
+    let pushes = server.wait_for("three refused pushes", Duration::from_secs(30), |p| {
+        of_pid(p, ruby.pid).len() >= 3
+    });
+    let said = agent.stop();
+    let mine = of_pid(&pushes, ruby.pid);
+    let mut ids: Vec<&str> = mine.iter().map(|p| p.id.as_str()).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(
+        ids.len(),
+        mine.len(),
+        "a refused profile was sent again: {mine:#?}"
+    );
+    assert!(
+        said.contains("tenant over its label limit (invalid_argument)"),
+        "{said}"
+    );
+    assert!(said.contains(" 0 retried"), "{said}");
+}
+
+/// Bad input: one line each, exit 1.
+#[test]
+fn agent_refuses_bad_input() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let open = dir.path().join("token");
+    std::fs::write(&open, "secret\n").expect("write");
+    let cases: [(&[&str], &str); 3] = [
+        (&["agent", "--push", "pyroscope:4040"], "is not a URL"),
+        (
+            &["agent", "--push", "http://x", "--label", "env"],
+            "give NAME=VALUE",
+        ),
+        (
+            &[
+                "agent",
+                "--push",
+                "http://x",
+                "--basic-auth-user",
+                "u",
+                "--basic-auth-password-file",
+                open.to_str().unwrap(),
+            ],
+            "can be read by others (mode 644)",
+        ),
+    ];
+    for (args, says) in cases {
+        let out = Command::new(RPROF).args(args).output().expect("run rprof");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+}
+
+/// A Puma cluster under load whose worker is killed and re-forked: both
+/// workers and the replacement are pushed, each under its own PID and the
+/// cluster's service name, with the app's handler as the hot method.
+#[test]
+fn a_puma_cluster_re_forking_a_worker() {
+    let server = Receiver::start();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let scripts = common::scripts_dir();
+    let mut puma = Target::start(
+        Command::new("puma")
+            .arg("-C")
+            .arg(scripts.join("puma.rb"))
+            .arg(scripts.join("app.ru"))
+            .env("PORT", port.to_string())
+            .env("RACK_ENV", "none")
+            .env("PYROSCOPE_APPLICATION_NAME", "shop"),
+    );
+    let boot = Duration::from_secs(60);
+    let worker = |puma: &mut Target| -> u32 {
+        puma.wait_line("worker ", boot)["worker ".len()..]
+            .parse()
+            .unwrap()
+    };
+    let first = [worker(&mut puma), worker(&mut puma)];
+    let agent = Agent::start(&server.url(), &[], &[]);
+    let mut wrk = Command::new("wrk")
+        .args(["-t2", "-c4", "-d12s", &format!("http://127.0.0.1:{port}/")])
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("wrk");
+    server.wait_for("pushes of both workers", Duration::from_secs(20), |p| {
+        first.iter().all(|&w| !of_pid(p, w).is_empty())
+    });
+    common::signal(first[0], libc::SIGKILL);
+    let killed_at = unix_now_ns();
+    let replacement = worker(&mut puma);
+    let pushes = server.wait_for("pushes of the replacement", Duration::from_secs(20), |p| {
+        !of_pid(p, replacement).is_empty()
+    });
+    let _ = wrk.wait();
+    for pid in [first[0], first[1], replacement] {
+        for p in of_pid(&pushes, pid) {
+            assert_eq!(p.label("service_name"), "shop", "{p:#?}");
+            assert_eq!(p.status, 200, "{p:#?}");
+        }
+        let hot: Vec<String> = of_pid(&pushes, pid).iter().map(|p| p.hottest()).collect();
+        assert!(hot.iter().any(|h| h == "HotApp#handle"), "{pid}: {hot:?}");
+    }
+    // The killed worker's last profile is of the interval it died in.
+    let late = of_pid(&pushes, first[0])
+        .into_iter()
+        .filter(|p| p.time_nanos > killed_at)
+        .count();
+    assert_eq!(late, 0);
+    agent.stop();
+}
