@@ -202,10 +202,7 @@ pub fn all_pids() -> Vec<u32> {
 /// in every /proc/PID/stat.
 pub fn descendants(root: u32) -> Vec<(u32, u32)> {
     let mut children: std::collections::HashMap<u32, Vec<u32>> = std::collections::HashMap::new();
-    for entry in fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
-            continue;
-        };
+    for pid in all_pids() {
         let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else {
             continue;
         };

@@ -25,6 +25,12 @@ use crate::unwind::Unwinder;
 /// program (the dynamic loader maps libruby after the exec; `bundle exec`
 /// and shell wrappers take longer).
 const INSPECT_FOR: Duration = Duration::from_secs(10);
+/// For the first second after its exec a process is looked at every
+/// INSPECT_EVERY (a Ruby's VM is up within it); after that, this often: a
+/// program that is no Ruby costs little however many run (`--all` looks at
+/// every exec on the host).
+const INSPECT_FIRST: Duration = Duration::from_secs(1);
+const INSPECT_LATER: Duration = Duration::from_millis(500);
 
 /// A process: a PID is reused only by a process started later.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -50,6 +56,8 @@ pub struct Followed {
     pub ruby: Option<Ruby>,
     /// After an exec: when to stop looking for its Ruby VM.
     inspect_until: Option<Instant>,
+    /// When it was last looked at.
+    inspected_at: Option<Instant>,
     /// Found ended by the last `sweep_ended`.
     ended_at_sweep: bool,
     /// Counted as profiled (once, whatever it execs).
@@ -71,11 +79,22 @@ impl Followed {
             label: None,
             ruby: None,
             inspect_until: inspect.then(|| Instant::now() + INSPECT_FOR),
+            inspected_at: None,
             ended_at_sweep: false,
             profiled: false,
             nth,
             refusal: None,
         }
+    }
+
+    /// Whether a process waiting for its Ruby is to be looked at now: at
+    /// every inspection for a second after its exec, then every half second.
+    fn due(&self, now: Instant) -> bool {
+        let Some(until) = self.inspect_until else {
+            return false;
+        };
+        let waited = INSPECT_FOR.saturating_sub(until.saturating_duration_since(now));
+        waited < INSPECT_FIRST || self.inspected_at.is_none_or(|at| now >= at + INSPECT_LATER)
     }
 
     /// The process frames of this process, root first: `process PID:"command line"`.
@@ -210,6 +229,11 @@ impl Processes {
             every_exec: false,
             admit: None,
         }
+    }
+
+    /// How many processes are profiled now (their Ruby read).
+    pub fn live_rubies(&self) -> usize {
+        self.live.values().filter(|f| f.ruby.is_some()).count()
     }
 
     /// Whether the Ruby in process `pid`, found by --all, is profiled.
@@ -361,6 +385,7 @@ impl Processes {
                 label,
                 ruby: Some(ruby),
                 inspect_until: None,
+                inspected_at: None,
                 ended_at_sweep: false,
                 profiled: true,
                 nth,
@@ -463,6 +488,7 @@ impl Processes {
                 f.ruby = None;
                 f.label = None;
                 f.inspect_until = Some(Instant::now() + INSPECT_FOR);
+                f.inspected_at = None;
                 probe.drop_process_probes(id.pid);
                 if let Some(native) = &mut self.native {
                     native.forget(probe, id.pid);
@@ -546,6 +572,10 @@ impl Processes {
                     }
                     return None;
                 }
+                if !f.due(now) {
+                    return None;
+                }
+                f.inspected_at = Some(now);
                 Some((f.id, f.lineage.clone()))
             })
             .collect();

@@ -364,6 +364,15 @@ fn find_gc_clock(process: &Process, image: &ElfImage, bias: u64, layout: &Layout
     Ok(Some(clock))
 }
 
+thread_local! {
+    /// Mapped files (device, inode) known to hold no Ruby VM: `--all` looks
+    /// at every program that starts on the host, most of them with the same
+    /// libc, and reads each file once rather than at every look.
+    static NOT_VM: std::cell::RefCell<std::collections::HashSet<(String, u64)>> = Default::default();
+}
+/// Files NOT_VM keeps before it starts again.
+const NOT_VM_KEPT: usize = 65_536;
+
 /// The mapped ELF file that defines `ruby_version`, with its load bias.
 fn find_vm(process: &Process, maps: &[Mapping]) -> Result<(ElfImage, String, u64)> {
     let mut by_path: BTreeMap<&str, Vec<&Mapping>> = BTreeMap::new();
@@ -378,6 +387,10 @@ fn find_vm(process: &Process, maps: &[Mapping]) -> Result<(ElfImage, String, u64
         if !mappings.iter().any(|m| m.perms.contains('x')) {
             continue;
         }
+        let file = (mappings[0].dev.clone(), mappings[0].inode);
+        if NOT_VM.with(|known| known.borrow().contains(&file)) {
+            continue;
+        }
         let Some(image) = mappings
             .iter()
             .flat_map(|m| process.mapped_file_candidates(m))
@@ -386,6 +399,13 @@ fn find_vm(process: &Process, maps: &[Mapping]) -> Result<(ElfImage, String, u64
             continue;
         };
         if image.symbol("ruby_version").is_none() {
+            NOT_VM.with(|known| {
+                let mut known = known.borrow_mut();
+                if known.len() >= NOT_VM_KEPT {
+                    known.clear();
+                }
+                known.insert(file);
+            });
             continue;
         }
         let bias = image

@@ -12,7 +12,7 @@ use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use common::{rprof, Ruby};
+use common::rprof;
 
 /// speedscope's app, as `make test-deps` fetches it (scripts/fetch-speedscope.sh).
 const SPEEDSCOPE_APP: &str = "/var/cache/rprof/speedscope/app";
@@ -36,20 +36,8 @@ fn ok(out: Output) -> (String, String) {
 /// diff_work.rb (`scaled` twice a round) recorded for 2 s into
 /// `dir/rec.rprof`.
 fn recording(dir: &Path) -> PathBuf {
-    let target = Ruby::host().spawn("diff_work.rb", &["2"]);
     let rec = dir.join("rec.rprof");
-    let pid = target.pid.to_string();
-    ok(rprof(&[
-        "record",
-        "-p",
-        &pid,
-        "-d",
-        "2",
-        "--format",
-        "rprof",
-        "-o",
-        path(&rec),
-    ]));
+    common::record_diff_work("2", "2", &rec, &[]);
     rec
 }
 

@@ -8,7 +8,7 @@ mod common;
 use std::path::Path;
 use std::process::Output;
 
-use common::{rprof, Ruby};
+use common::rprof;
 
 fn path(p: &Path) -> &str {
     p.to_str().expect("utf8 path")
@@ -27,22 +27,7 @@ fn ok(out: Output) -> String {
 /// diff_work.rb with `scaled` run `n` times a round, recorded for
 /// `seconds` at 499 Hz into `out` (.rprof).
 fn record_work(n: &str, seconds: &str, out: &Path, event: &str) {
-    let target = Ruby::host().spawn("diff_work.rb", &[n]);
-    let pid = target.pid.to_string();
-    ok(rprof(&[
-        "record",
-        "-p",
-        &pid,
-        "-d",
-        seconds,
-        "-F",
-        "499",
-        "--format",
-        "rprof",
-        "-o",
-        path(out),
-        event,
-    ]));
+    common::record_diff_work(n, seconds, out, &["-F", "499", event]);
 }
 
 /// A row of the diff table: self before, self after, change, total before,

@@ -99,7 +99,9 @@ const TIMEOUT: Duration = Duration::from_secs(10);
 /// The sending thread, and the queue in front of it.
 pub struct Sender {
     tx: Option<SyncSender<Profile>>,
+    /// Bytes and profiles in the queue.
     queued: Arc<AtomicUsize>,
+    waiting: Arc<AtomicUsize>,
     pub stats: Arc<Stats>,
     thread: Option<JoinHandle<()>>,
 }
@@ -113,16 +115,18 @@ impl Sender {
             .unwrap_or(MAX_QUEUED);
         let (tx, rx) = sync_channel(capacity);
         let queued = Arc::new(AtomicUsize::new(0));
+        let waiting = Arc::new(AtomicUsize::new(0));
         let stats = Arc::new(Stats::default());
         let client = Client::new(endpoint);
-        let (q, s) = (Arc::clone(&queued), Arc::clone(&stats));
+        let (q, w, s) = (Arc::clone(&queued), Arc::clone(&waiting), Arc::clone(&stats));
         let thread = std::thread::Builder::new()
             .name("rprof-push".to_string())
-            .spawn(move || send_all(&client, &rx, &q, &s))
+            .spawn(move || send_all(&client, &rx, (&q, &w), &s))
             .context("starting the push thread")?;
         Ok(Self {
             tx: Some(tx),
             queued,
+            waiting,
             stats,
             thread: Some(thread),
         })
@@ -137,8 +141,10 @@ impl Sender {
             return;
         }
         self.queued.fetch_add(size, Ordering::Relaxed);
+        self.waiting.fetch_add(1, Ordering::Relaxed);
         if let Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) = tx.try_send(p) {
             self.queued.fetch_sub(size, Ordering::Relaxed);
+            self.waiting.fetch_sub(1, Ordering::Relaxed);
             self.stats.dropped.fetch_add(1, Ordering::Relaxed);
         }
     }
@@ -155,9 +161,9 @@ impl Sender {
             Some(t) if t.is_finished() => {
                 let _ = t.join();
             }
-            // Still sending: it ends with rprof.
+            // Still sending: it ends with rprof, and what waits is dropped.
             Some(_) => {
-                let left = (self.queued.load(Ordering::Relaxed) > 0) as u64;
+                let left = self.waiting.load(Ordering::Relaxed) as u64;
                 self.stats.dropped.fetch_add(left, Ordering::Relaxed);
             }
             None => {}
@@ -166,10 +172,12 @@ impl Sender {
 }
 
 /// The push thread: each profile in turn, until the queue is closed.
-fn send_all(client: &Client, rx: &Receiver<Profile>, queued: &AtomicUsize, stats: &Stats) {
+/// (`queued`: the queue's bytes and profiles, the one being sent included.)
+fn send_all(client: &Client, rx: &Receiver<Profile>, queued: (&AtomicUsize, &AtomicUsize), stats: &Stats) {
     while let Ok(p) = rx.recv() {
-        queued.fetch_sub(p.pprof.len(), Ordering::Relaxed);
+        queued.0.fetch_sub(p.pprof.len(), Ordering::Relaxed);
         client.send(&p, stats);
+        queued.1.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

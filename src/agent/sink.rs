@@ -47,6 +47,8 @@ pub struct Pusher {
     part_start_unix_ns: u64,
     /// Of the recording so far, for the minute line.
     pushed_profiles: u64,
+    /// Ruby processes profiled at the last epoch.
+    rubies: usize,
     trimmed: u64,
     last_log: Instant,
     /// What the counts are (samples, nanoseconds).
@@ -71,6 +73,7 @@ impl Pusher {
             part_start_ns: 0,
             part_start_unix_ns: recording::unix_now_ns(),
             pushed_profiles: 0,
+            rubies: 0,
             trimmed: 0,
             last_log: Instant::now(),
             unit,
@@ -152,8 +155,8 @@ impl Pusher {
     fn log(&mut self, totals: &Summary, progress: &Progress) {
         let s = &self.sender.stats;
         let mut line = format!(
-            "rprof: agent: {} processes with samples now, {} samples, {} profiles made; pushes {} ok, {} failed, {} retried, {} dropped, {} bytes sent",
-            self.parts.len(),
+            "rprof: agent: {} Ruby processes followed, {} samples, {} profiles made; pushes {} ok, {} failed, {} retried, {} dropped, {} bytes sent",
+            self.rubies,
             totals.samples,
             self.pushed_profiles,
             s.ok.load(Ordering::Relaxed),
@@ -177,7 +180,14 @@ impl Pusher {
 }
 
 impl EpochSink for Pusher {
-    fn epoch(&mut self, counts: &EpochCounts, totals: &Summary, progress: &Progress) -> Result<()> {
+    fn epoch(
+        &mut self,
+        counts: &EpochCounts,
+        totals: &Summary,
+        progress: &Progress,
+        rubies: usize,
+    ) -> Result<()> {
+        self.rubies = rubies;
         for c in &counts.counts {
             self.add(c);
         }

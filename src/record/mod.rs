@@ -295,7 +295,8 @@ impl Session<'_> {
             .collector
             .close_epoch(&mut self.probe, &mut self.processes, false, now)?;
         let totals = self.totals();
-        self.sinks.epoch(&counts, &totals, &self.progress)?;
+        let rubies = self.processes.live_rubies();
+        self.sinks.epoch(&counts, &totals, &self.progress, rubies)?;
         let followed = self.cfg.subprocesses.then_some(self.processes.counts);
         self.progress.update(&totals, self.unit, followed);
         let collector = &mut self.collector;
@@ -336,6 +337,7 @@ impl Session<'_> {
         if let Err(e) = ended {
             error.get_or_insert(e);
         }
+        let rubies = self.processes.live_rubies();
         let last = self
             .collector
             .close_epoch(&mut self.probe, &mut self.processes, true, recorded)
@@ -343,7 +345,7 @@ impl Session<'_> {
                 let totals = self
                     .collector
                     .totals(&self.probe.stats().unwrap_or_default(), recorded);
-                self.sinks.epoch(&counts, &totals, &self.progress)
+                self.sinks.epoch(&counts, &totals, &self.progress, rubies)
             });
         if let Err(e) = last {
             error.get_or_insert(e);

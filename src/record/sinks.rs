@@ -19,8 +19,15 @@ use crate::recording::{self, file, write_output, EpochCounts, Header, Output, Re
 /// Where closed epochs go beyond files: given by whoever runs the recording
 /// (`rprof agent`'s push), which then writes no output of its own.
 pub trait EpochSink {
-    /// A closed epoch; `totals` are the recording's counts so far.
-    fn epoch(&mut self, counts: &EpochCounts, totals: &Summary, progress: &Progress) -> Result<()>;
+    /// A closed epoch; `totals` are the recording's counts so far, `rubies`
+    /// the Ruby processes profiled now.
+    fn epoch(
+        &mut self,
+        counts: &EpochCounts,
+        totals: &Summary,
+        progress: &Progress,
+        rubies: usize,
+    ) -> Result<()>;
     /// The recording ended: what is still held goes now.
     fn finish(&mut self, totals: &Summary);
 }
@@ -56,7 +63,13 @@ impl Sinks {
         self.top.as_mut().map_or(Ok(()), Top::keys)
     }
 
-    pub fn epoch(&mut self, counts: &EpochCounts, totals: &Summary, progress: &Progress) -> Result<()> {
+    pub fn epoch(
+        &mut self,
+        counts: &EpochCounts,
+        totals: &Summary,
+        progress: &Progress,
+        rubies: usize,
+    ) -> Result<()> {
         if let Some(t) = &mut self.top {
             t.epoch(counts, totals)?;
         }
@@ -85,7 +98,7 @@ impl Sinks {
             h.epoch(Duration::from_nanos(counts.end_ns))?;
         }
         if let Some(x) = &mut self.external {
-            x.epoch(counts, totals, progress)?;
+            x.epoch(counts, totals, progress, rubies)?;
         }
         Ok(())
     }

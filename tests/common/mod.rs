@@ -753,6 +753,24 @@ impl Attached {
     }
 }
 
+/// diff_work.rb N on the host's Ruby, recorded for `seconds` into `out`
+/// (a `.rprof` file) with `args` last (`-F 499 cpu`); rprof must succeed.
+pub fn record_diff_work(n: &str, seconds: &str, out: &Path, args: &[&str]) {
+    let target = Ruby::host().spawn("diff_work.rb", &[n]);
+    let pid = target.pid.to_string();
+    let file = out.to_str().expect("utf8 path");
+    let mut all = vec![
+        "record", "-p", &pid, "-d", seconds, "--format", "rprof", "-o", file,
+    ];
+    all.extend_from_slice(args);
+    let o = rprof(&all);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        o.status.success() && !stderr.contains("panicked"),
+        "rprof failed: {stderr}"
+    );
+}
+
 /// `go tool pprof ARGS FILE`, which must succeed; its output.
 pub fn go_pprof(file: &Path, args: &[&str]) -> String {
     let out = Command::new("go")
