@@ -116,6 +116,10 @@ struct {
 
 /* Current counts epoch; userspace bumps it, then drains the other map. */
 volatile __u64 epoch;
+/* wall: set by userspace for its last sweep, which counts GVL waits still
+ * open too (earlier sweeps leave them to their switch-in, which splits off
+ * their GC time). */
+volatile bool wall_final;
 
 /* Set by userspace before loading: unwind native (--native) and kernel
  * (--kernel) stacks too. */
@@ -153,6 +157,7 @@ struct rprof_wall_seed rprof_wall_seed_type;
 struct rprof_kernel_stack rprof_kernel_stack_type;
 enum rprof_wall_state rprof_wall_state_type;
 enum rprof_wall_object rprof_wall_object_type;
+enum rprof_wall_gc rprof_wall_gc_type;
 enum rprof_gc_state rprof_gc_state_type;
 enum rprof_alloc_cookie rprof_alloc_cookie_type;
 enum rprof_cfa_kind rprof_cfa_kind_type;
@@ -972,6 +977,34 @@ static __always_inline __u64 missed_switch_in(struct rprof_wall_task *e, __u32 t
 	return ran;
 }
 
+/* wall: a new thread interval's first values, written here rather than on
+ * the stack (a struct rprof_wall_task is too big for it beside a walk).
+ * One entry per context that may interrupt another on a CPU. */
+enum wall_fresh_slot { FRESH_SWITCH = 0, FRESH_SAMPLE = 1, FRESH_SWEEP = 2 };
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 3);
+	__type(key, __u32);
+	__type(value, struct rprof_wall_task);
+} wall_fresh SEC(".maps");
+
+/* wall: opens thread `tid`'s first interval at `mark` unless it has one
+ * (callers that need the entry look it up). Whether this call added it. */
+static __always_inline bool add_wall_task(__u32 tid, __u32 slot, __u64 mark, __u64 window_at,
+					  __u64 exec)
+{
+	struct rprof_wall_task *t = bpf_map_lookup_elem(&wall_fresh, &slot);
+
+	if (!t)
+		return false;
+	__builtin_memset(t, 0, sizeof(*t));
+	t->mark = mark;
+	t->window_at = window_at;
+	t->exec = exec;
+	return !bpf_map_update_elem(&wall_tasks, &tid, t, BPF_NOEXIST);
+}
+
 /* wall: a CPU sample weighs the time on CPU since the thread's last mark
  * (its switch-in, or its previous sample), and the running time its
  * switch-outs left pending. So running time adds up exactly. */
@@ -979,14 +1012,13 @@ static __always_inline __u64 wall_sample_weight(struct rprof_proc *p, __u32 tid,
 						struct task_struct *task)
 {
 	struct rprof_wall_slot *run;
-	struct rprof_wall_task *e = bpf_map_lookup_elem(&wall_tasks, &tid), fresh = {};
+	struct rprof_wall_task *e = bpf_map_lookup_elem(&wall_tasks, &tid);
 	__u64 now = bpf_ktime_get_ns(), since, weight;
 
 	if (!e) {
 		/* Running since before rprof saw it switch: since it was followed. */
 		since = task->start_time > p->wall_since ? task->start_time : p->wall_since;
-		fresh.mark = (now << 1) | ON_CPU;
-		bpf_map_update_elem(&wall_tasks, &tid, &fresh, BPF_NOEXIST);
+		add_wall_task(tid, FRESH_SAMPLE, (now << 1) | ON_CPU, 0, 0);
 		return since < now ? now - since : 0;
 	}
 	since = __sync_lock_test_and_set(&e->mark, (now << 1) | ON_CPU);
@@ -1657,6 +1689,85 @@ static __always_inline void unpend(struct rprof_wall_slot *sl, __u64 ns)
 		stat_add(RPROF_STAT_WALL_UNSEEN, ns);
 }
 
+/* wall: the GC's own clock (GC.stat(:time), ns) plus 1, of the process
+ * whose memory is the current one; 0 if it has none or cannot be read. */
+static __always_inline __u64 gc_clock_at(struct rprof_proc *p)
+{
+	__u64 a = 0, b = 0;
+
+	if (!p->gc_time_addr[0] || bpf_probe_read_user(&a, sizeof(a), (void *)p->gc_time_addr[0]) ||
+	    (p->gc_time_addr[1] && bpf_probe_read_user(&b, sizeof(b), (void *)p->gc_time_addr[1])))
+		return 0;
+	return a + b + 1;
+}
+
+/* wall: how far the GC's clock ran in a GVL wait, from its opening to the
+ * thread's wakeup: while a thread waits for the GVL, only the GVL's holder
+ * can collect. (Capped at the wait by the caller: the clock is the
+ * process's CPU time, and counts all of a collection step that began before
+ * the wait.) */
+static __always_inline __u64 gc_waited(struct rprof_wall_task *e)
+{
+	__u64 at = e->gc_at, woke = e->gc_woke;
+
+	e->gc_at = 0;
+	e->gc_woke = 0;
+	return at && woke > at ? woke - at : 0;
+}
+
+/* wall: `ns` of a wait of `state` to its stack `hash` if it was walked, else
+ * pending in the thread's slot of its kind (for userspace to share among the
+ * walked stacks of that kind); a wait opened by the sweep whose stack
+ * userspace has not read yet (state 0) has neither. */
+static __always_inline void charge_wait(struct rprof_wall_task *e, __u64 hash, __u32 state,
+					__s32 syscall, __u64 ns)
+{
+	struct rprof_wall_slot *sl = state ? slot_of(e, RPROF_WALL_KEY(state, syscall)) : 0;
+
+	if (hash) {
+		if (sl)
+			sl->hash = hash;
+		add_time(hash, ns);
+	} else if (state) {
+		unpend(sl, ns);
+	} else {
+		stat_add(RPROF_STAT_WALL_UNSEEN, ns);
+	}
+}
+
+/* wall: a GVL wait of `ns`, `gc` of it while the GVL's holder collected: to
+ * its stack and that stack's GC twin (hash ^ RPROF_WALL_GC_SALT). */
+static __always_inline void charge_gvl_wait(struct rprof_wall_task *e, __u64 hash, __s32 syscall,
+					    __u64 ns, __u64 gc)
+{
+	gc = gc < ns ? gc : ns;
+	charge_wait(e, hash, RPROF_WALL_GVL, syscall, ns - gc);
+	if (gc)
+		charge_wait(e, hash ? hash ^ RPROF_WALL_GC_SALT : 0, RPROF_WALL_GC, syscall, gc);
+}
+
+/* wall: a GVL wait that a thread of another process (an interrupt: Ruby
+ * 3.1's waiter that keeps time wakes itself every 100 ms) ended is split
+ * as the thread switches out again (not preempted: then at the switch-out
+ * after), from its own memory, if it waits for the GVL again: the GC's
+ * clock ran since the wait opened, less the CPU
+ * time the thread used in between (a collection it made itself, had it
+ * taken the GVL, took at most that), never more than the wait. Otherwise
+ * all of it waited for the GVL. */
+static __always_inline void settle_owed(struct rprof_proc *p, struct rprof_wall_task *e,
+					struct task_struct *task, __u32 state)
+{
+	__u64 ns = e->owed_ns, gc = 0, clock, ran;
+
+	e->owed_ns = 0;
+	if (state == RPROF_WALL_GVL && e->owed_gc_at) {
+		clock = gc_clock_at(p);
+		ran = task->se.sum_exec_runtime - e->owed_exec;
+		gc = clock > e->owed_gc_at + ran ? clock - e->owed_gc_at - ran : 0;
+	}
+	charge_gvl_wait(e, e->owed_hash, e->owed_syscall, ns, gc);
+}
+
 /* wall: whether this switch-out of `e`'s thread walks its stack. Always,
  * for a thread that switched out fewer than RPROF_WALL_WALKS_PER_S times a
  * second in its last window (a server thread); else by chance, the same for
@@ -1691,7 +1802,7 @@ static __always_inline struct rprof_wall_task *wall_out(struct task_struct *prev
 							__u64 now, struct wall_walk *walk)
 {
 	__u32 tid = prev->pid, slot, state;
-	struct rprof_wall_task *e, fresh = {};
+	struct rprof_wall_task *e;
 	struct rprof_wall_slot *run;
 	struct rprof_proc *p;
 	struct scratch *s;
@@ -1704,9 +1815,7 @@ static __always_inline struct rprof_wall_task *wall_out(struct task_struct *prev
 	e = bpf_map_lookup_elem(&wall_tasks, &tid);
 	if (!e) {
 		since = prev->start_time > p->wall_since ? prev->start_time : p->wall_since;
-		fresh.mark = (since << 1) | ON_CPU;
-		fresh.window_at = now;
-		bpf_map_update_elem(&wall_tasks, &tid, &fresh, BPF_NOEXIST);
+		add_wall_task(tid, FRESH_SWITCH, (since << 1) | ON_CPU, now, 0);
 		e = bpf_map_lookup_elem(&wall_tasks, &tid);
 		if (!e)
 			return 0;
@@ -1735,10 +1844,14 @@ static __always_inline struct rprof_wall_task *wall_out(struct task_struct *prev
 		__sync_fetch_and_add(&run->pending, ran);
 	else
 		stat_add(RPROF_STAT_WALL_UNSEEN, ran);
+	if (e->owed_ns && state != RPROF_WALL_RUNNABLE)
+		settle_owed(p, e, prev, state);
 	e->hash = 0;
 	e->state = state;
 	e->syscall = syscall;
 	e->exec = prev->se.sum_exec_runtime;
+	e->gc_woke = 0;
+	e->gc_at = state == RPROF_WALL_GVL ? gc_clock_at(p) : 0;
 	if (may_walk(e, now))
 		want_walk(walk, prev, e);
 	return e; /* on CPU still: the caller opens the wait (open_wait) */
@@ -1768,8 +1881,7 @@ static __always_inline void open_wait(struct rprof_wall_task *e, __u64 now, __u6
 static __always_inline void wall_in(struct task_struct *next, __u64 now)
 {
 	__u32 tid = next->pid;
-	struct rprof_wall_task *e, fresh = {};
-	struct rprof_wall_slot *sl = 0;
+	struct rprof_wall_task *e;
 	struct rprof_proc *p;
 	__u64 old, ns;
 
@@ -1782,9 +1894,7 @@ static __always_inline void wall_in(struct task_struct *next, __u64 now)
 		 * it finds blocked; this one woke first): that time has no stack. */
 		if (next->start_time < p->wall_since && p->wall_since < now)
 			stat_add(RPROF_STAT_WALL_UNSEEN, now - p->wall_since);
-		fresh.mark = (now << 1) | ON_CPU;
-		fresh.window_at = now;
-		bpf_map_update_elem(&wall_tasks, &tid, &fresh, BPF_NOEXIST);
+		add_wall_task(tid, FRESH_SWITCH, (now << 1) | ON_CPU, now, 0);
 		return;
 	}
 	if (READ_MARK(e) & ON_CPU)
@@ -1793,17 +1903,19 @@ static __always_inline void wall_in(struct task_struct *next, __u64 now)
 	if ((old & ON_CPU) || (old >> 1) >= now)
 		return;
 	ns = now - (old >> 1);
-	if (e->state)
-		sl = slot_of(e, RPROF_WALL_KEY(e->state, e->syscall));
-	if (e->hash) {
-		if (sl)
-			sl->hash = e->hash;
-		add_time(e->hash, ns);
-	} else if (e->state) {
-		unpend(sl, ns);
-	} else { /* opened by the sweep; woke before userspace read its stack */
-		stat_add(RPROF_STAT_WALL_UNSEEN, ns);
+	if (e->gc_at && e->state == RPROF_WALL_GVL && !e->gc_woke) {
+		/* Woken from outside its process: split as it switches out. */
+		e->owed_ns = ns;
+		e->owed_hash = e->hash;
+		e->owed_syscall = e->syscall;
+		e->owed_exec = next->se.sum_exec_runtime;
+		e->owed_gc_at = e->gc_at;
+		return;
 	}
+	if (e->state == RPROF_WALL_GVL)
+		charge_gvl_wait(e, e->hash, e->syscall, ns, gc_waited(e));
+	else
+		charge_wait(e, e->hash, e->state, e->syscall, ns);
 }
 
 SEC("tp_btf/sched_switch")
@@ -1830,6 +1942,30 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 		open_wait(out, now, now);
 	}
 	wall_in(next, now);
+	return 0;
+}
+
+/* wall: a thread of a followed process wakes another of its threads, which
+ * waits for the GVL (the holder releasing it, or Ruby's timer thread): the
+ * GC's clock as that wait ends, read here because this runs in the waker,
+ * whose memory is the process's (at the switch-in, the CPU may still be in
+ * another process's). sched_waking, not sched_wakeup: the latter may run on
+ * the wakee's CPU, in whatever task is there. */
+SEC("tp_btf/sched_waking")
+int BPF_PROG(on_waking, struct task_struct *task)
+{
+	__u32 tid = task->pid;
+	struct rprof_wall_task *e;
+	struct rprof_proc *p;
+
+	if (task->tgid != (__u32)(bpf_get_current_pid_tgid() >> 32))
+		return 0;
+	e = bpf_map_lookup_elem(&wall_tasks, &tid);
+	if (!e || !e->gc_at || e->gc_woke)
+		return 0;
+	p = recipe_of(task);
+	if (p)
+		e->gc_woke = gc_clock_at(p);
 	return 0;
 }
 
@@ -1886,6 +2022,25 @@ static __always_inline void sweep_slots(struct rprof_wall_task *e, struct rprof_
 	}
 }
 
+/* The sweep's record of a thread (too big for its stack beside a new
+ * thread's interval). */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct rprof_wall_thread);
+} wall_sweep_out SEC(".maps");
+
+/* wall: a GVL wait not split when recording ends (or its thread does):
+ * all of it waited for the GVL. */
+static __always_inline void settle_owed_final(struct rprof_wall_task *e)
+{
+	__u64 ns = __sync_lock_test_and_set(&e->owed_ns, 0);
+
+	if (ns)
+		charge_gvl_wait(e, e->owed_hash, e->owed_syscall, ns, 0);
+}
+
 /* wall, once an epoch and at the end: every followed thread, for userspace
  * (which reads the stacks of waits that have none); the time of each wait
  * with a stack is counted up to now, so long waits show in every epoch. */
@@ -1893,8 +2048,9 @@ SEC("iter/task")
 int wall_sweep(struct bpf_iter__task *ctx)
 {
 	struct task_struct *task = ctx->task;
-	struct rprof_wall_thread out = {};
-	struct rprof_wall_task *e, fresh = {};
+	struct rprof_wall_thread *out;
+	__u32 zero = 0;
+	struct rprof_wall_task *e;
 	struct rprof_proc *p;
 	__u64 now, mark, hash;
 	__u32 tid;
@@ -1904,13 +2060,15 @@ int wall_sweep(struct bpf_iter__task *ctx)
 		return 0;
 	tid = task->pid;
 	p = recipe_of(task);
-	if (!p)
+	out = bpf_map_lookup_elem(&wall_sweep_out, &zero);
+	if (!p || !out)
 		return 0;
-	out.pid = task->tgid;
-	out.tid = tid;
-	out.start_ticks = p->start_ticks;
-	out.tp = BPF_CORE_READ(task, thread.fsbase);
-	out.syscall = syscall_of(task);
+	__builtin_memset(out, 0, sizeof(*out));
+	out->pid = task->tgid;
+	out->tid = tid;
+	out->start_ticks = p->start_ticks;
+	out->tp = BPF_CORE_READ(task, thread.fsbase);
+	out->syscall = syscall_of(task);
 	e = bpf_map_lookup_elem(&wall_tasks, &tid);
 	if (!e) {
 		/* Never seen switching since it was followed: on CPU (or ready)
@@ -1918,36 +2076,42 @@ int wall_sweep(struct bpf_iter__task *ctx)
 		 * opened now, before userspace reads its stack, so that a wakeup
 		 * meanwhile ends it (and userspace sees the mark change). */
 		running = task->on_cpu || task->__state == 0;
-		fresh.mark = (p->wall_since << 1) | (running ? ON_CPU : 0);
-		fresh.exec = task->se.sum_exec_runtime;
-		if (!bpf_map_update_elem(&wall_tasks, &tid, &fresh, BPF_NOEXIST)) {
-			out.needs_stack = !running;
-			out.seed_mark = fresh.mark;
+		mark = (p->wall_since << 1) | (running ? ON_CPU : 0);
+		if (add_wall_task(tid, FRESH_SWEEP, mark, 0, task->se.sum_exec_runtime)) {
+			out->needs_stack = !running;
+			out->seed_mark = mark;
 		}
 	} else {
 		now = bpf_ktime_get_ns();
 		mark = READ_MARK(e);
-		out.seen = 1;
+		out->seen = 1;
 		/* Not if it has run since (a switch-in rprof did not see): its
 		 * own next event splits that interval. */
 		if (!(mark & ON_CPU) && task->se.sum_exec_runtime == e->exec) {
 			hash = seeded_hash(e, tid, mark);
 			if (!hash) {
-				out.needs_stack = 1;
-				out.seed_mark = mark;
-				out.state = e->state;
-				out.wait_syscall = e->syscall;
+				out->needs_stack = 1;
+				out->seed_mark = mark;
+				out->state = e->state;
+				out->wait_syscall = e->syscall;
+			} else if (e->gc_at && !wall_final) {
+				/* A GVL wait the GC clock splits is counted at its
+				 * end, once the clock is read (by the thread that
+				 * wakes it: the sweep runs in rprof), or by the last
+				 * sweep, all of it as waiting for the GVL. */
 			} else if ((mark >> 1) < now &&
 				   __sync_val_compare_and_swap(&e->mark, mark, now << 1) == mark) {
 				add_time(hash, now - (mark >> 1));
 			}
 		}
-		out.hash = e->hash;
-		sweep_slots(e, &out);
+		if (e->owed_ns && wall_final)
+			settle_owed_final(e);
+		out->hash = e->hash;
+		sweep_slots(e, out);
 	}
-	if (out.needs_stack)
+	if (out->needs_stack)
 		seed_kernel_stack(task, tid);
-	bpf_seq_write(ctx->meta->seq, &out, sizeof(out));
+	bpf_seq_write(ctx->meta->seq, out, sizeof(*out));
 	return 0;
 }
 
@@ -1960,6 +2124,8 @@ int BPF_PROG(on_thread_exit, struct task_struct *task)
 	struct rprof_wall_task *e = bpf_map_lookup_elem(&wall_tasks, &tid);
 	int i;
 
+	if (e)
+		settle_owed_final(e);
 	for (i = 0; e && i < RPROF_WALL_SLOTS; i++) {
 		struct rprof_wall_slot *sl = &e->slots[i];
 		__u64 taken = __sync_lock_test_and_set(&sl->pending, 0);

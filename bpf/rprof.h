@@ -98,6 +98,9 @@ struct rprof_proc {
 	 * in bits 0-1) and objspace->profile.count, absolute addresses. */
 	__u64 gc_flags_addr;
 	__u64 gc_count_addr;
+	/* wall: the fields whose sum is GC.stat(:time), the ns of the process's
+	 * CPU time the GC has taken (3.1+; 0: none), absolute addresses */
+	__u64 gc_time_addr[2];
 	/* objspace->flags' during_minor_gc bit: 9 (2.7, 3.1) or 10 (3.2+) */
 	__u32 gc_minor_bit;
 	/* rb_thread_t, Ruby 3.3+: a Ruby thread without a dedicated native
@@ -411,7 +414,13 @@ enum rprof_wall_state {
 	RPROF_WALL_WAIT = 7,	 /* stopped until woken: Queue#pop, CV#wait, Thread#join, sleep */
 	RPROF_WALL_GVL_HELD = 8, /* blocked while holding the GVL (a C call that keeps it) */
 	RPROF_WALL_OFF_CPU = 9,	 /* a thread without Ruby (or a Ruby rprof cannot classify) */
+	/* The part of a GVL wait in which the GC's clock ran (GC.stat(:time)):
+	 * the GVL's holder was collecting. Counted to the wait's stack's hash
+	 * xor RPROF_WALL_GC_SALT; userspace names it from the GVL wait's record. */
+	RPROF_WALL_GC = 10,
 };
+
+enum rprof_wall_gc { RPROF_WALL_GC_SALT = 0x6c9e3779 };
 
 /* wall: time of one kind (slot key: state and system call) whose stack was
  * not walked. A thread that switches more often than RPROF_WALL_WALKS_PER_S
@@ -426,7 +435,7 @@ struct rprof_wall_slot {
 	__u64 hash;    /* the last walked stack of this kind, 0 before one */
 };
 
-#define RPROF_WALL_SLOTS	       6
+#define RPROF_WALL_SLOTS	       8
 #define RPROF_WALL_KEY(state, syscall) (((state) << 16) | (((syscall) + 1) & 0xffff))
 /* Walks a second a thread makes at most, about: past it, each switch-out
  * walks with a chance set from its rate in the last window. */
@@ -460,6 +469,20 @@ struct rprof_wall_task {
 	__u64 window_at;   /* when its switch-out rate window began */
 	__u32 window_outs; /* switch-outs in it so far */
 	__u32 walk_chance; /* of each switch-out walking, in 1/65536ths; 0: always */
+	/* a GVL wait: its process's GC clock (ns) when it opened, plus 1; 0:
+	 * none (not a GVL wait, or a Ruby without the clock) */
+	__u64 gc_at;
+	/* ... and when a thread of its process woke it (on_waking); 0: not seen */
+	__u64 gc_woke;
+	/* a GVL wait woken from outside its process, split at the thread's next
+	 * switch-out (settle_owed): its length, stack, the thread's CPU time
+	 * when it ended, its GC clock at its start, and its call */
+	__u64 owed_ns;
+	__u64 owed_hash;
+	__u64 owed_exec;
+	__u64 owed_gc_at;
+	__s32 owed_syscall;
+	__u32 owed_pad;
 	struct rprof_wall_slot slots[RPROF_WALL_SLOTS];
 };
 

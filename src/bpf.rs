@@ -128,6 +128,9 @@ pub struct Probe {
     /// `alloc`: the probes in each process (by PID), dropped with it.
     process_links: HashMap<u32, Vec<Link>>,
     epoch: u64,
+    /// Detached: nothing counts waits at their end any more, so a sweep
+    /// counts every wait still open (`wall_final` in BPF).
+    detached: bool,
     /// `wall` is attached: processes added from now on are accounted from
     /// when they are added.
     wall_started: bool,
@@ -240,6 +243,7 @@ impl Probe {
         // (it walks a stack) takes the kernel about a second and a half.
         if !options.wall {
             open.progs.on_switch.set_autoload(false);
+            open.progs.on_waking.set_autoload(false);
             open.progs.on_thread_exit.set_autoload(false);
             open.progs.wall_sweep.set_autoload(false);
         }
@@ -280,6 +284,7 @@ impl Probe {
             links: Vec::new(),
             process_links: HashMap::new(),
             epoch: 0,
+            detached: false,
             wall_started: false,
             native: options.native_rows.is_some(),
             kernel: options.kernel,
@@ -567,6 +572,7 @@ impl Probe {
         let progs = &self.skel.progs;
         self.attach_all(&[
             ("sched_switch", &progs.on_switch),
+            ("sched_waking", &progs.on_waking),
             ("sched_process_exit", &progs.on_thread_exit),
         ])
     }
@@ -746,7 +752,7 @@ impl Probe {
     pub fn switch_epoch(&mut self) -> Result<u64> {
         let closed = self.epoch;
         self.epoch += 1;
-        self.write_epoch()?;
+        self.write_bss().context("advancing the counts epoch")?;
         Ok(closed)
     }
 
@@ -774,10 +780,12 @@ impl Probe {
         Ok(counts)
     }
 
-    fn write_epoch(&self) -> Result<()> {
-        // Rewriting the whole .bss is fine: `epoch` is its only live variable.
+    /// Writes BPF's globals that userspace sets (the whole .bss: they are
+    /// all of it).
+    fn write_bss(&self) -> Result<()> {
         let mut bss: types::bss = unsafe { std::mem::zeroed() };
         bss.epoch = self.epoch;
+        bss.wall_final = self.detached;
         // SAFETY: `bss` is a plain C struct generated from the BPF object.
         let bytes = unsafe {
             std::slice::from_raw_parts((&bss as *const types::bss).cast::<u8>(), size_of::<types::bss>())
@@ -788,7 +796,7 @@ impl Probe {
             .maps
             .bss
             .update(&0u32.to_ne_bytes(), &bytes[..len], MapFlags::ANY)
-            .context("advancing the counts epoch")
+            .context("writing BPF's globals")
     }
 
     pub fn stats(&self) -> Result<Stats> {
@@ -839,6 +847,10 @@ impl Probe {
     pub fn detach(&mut self) {
         self.links.clear();
         self.process_links.clear();
+        self.detached = true;
+        if let Err(e) = self.write_bss() {
+            eprintln!("rprof: {e:#}");
+        }
     }
 }
 

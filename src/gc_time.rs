@@ -149,6 +149,9 @@ pub struct GcClock {
     pub count: u64,
     /// `objspace->profile.major_gc_count`.
     pub major_count: u64,
+    /// The fields whose sum is `GC.stat(:time)` in ns (0: none), which
+    /// `wall` splits a GVL wait by (not part of the clock's rule).
+    pub time_ns: [u64; 2],
 }
 
 /// One reading of the GC clock. Its three words are read in this order:

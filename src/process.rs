@@ -75,6 +75,19 @@ impl Process {
         parse_start_ticks(stat.rsplit_once(')')?.1)
     }
 
+    /// The CPU time all its threads have used (user and system), in ns, as
+    /// /proc/PID/stat counts it: in clock ticks, rounded down.
+    pub fn cpu_ns(&self) -> Option<u64> {
+        let stat = fs::read_to_string(format!("/proc/{}/stat", self.pid)).ok()?;
+        // After the command's ")": state is field 3, utime 14 and stime 15.
+        let mut fields = stat.rsplit_once(')')?.1.split_whitespace().skip(11);
+        let utime: u64 = fields.next()?.parse().ok()?;
+        let stime: u64 = fields.next()?.parse().ok()?;
+        // SAFETY: sysconf only reads a configuration value.
+        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+        Some((utime + stime).saturating_mul(1_000_000_000 / hz))
+    }
+
     /// The command line, arguments joined by spaces (empty for a zombie).
     pub fn command_line(&self) -> String {
         let raw = fs::read(format!("/proc/{}/cmdline", self.pid)).unwrap_or_default();

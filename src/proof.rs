@@ -182,7 +182,27 @@ impl Prover<'_> {
                 "the GC counts {count} collections, but {major} major and {minor} minor (gc)"
             ));
         }
-        Ok(())
+        self.gc_time(clock)
+    }
+
+    /// The GC's own clock (`GC.stat(:time)`): the process's CPU time in
+    /// collections, so never more than all of its CPU time, read after.
+    fn gc_time(&self, clock: GcClock) -> Result<(), Failure> {
+        let mut ns = 0u64;
+        for &addr in clock.time_ns.iter().filter(|&&a| a != 0) {
+            let field = self.u64_at(addr, "the GC's time")?;
+            ns = ns.saturating_add(field);
+        }
+        // Two fields rounded down to a clock tick, and one more for luck.
+        let slack = 30_000_000;
+        match self.process.cpu_ns() {
+            Some(cpu) if ns > cpu.saturating_add(slack) => fail(format!(
+                "the GC's time reads {} ms, more than the process's CPU time, {} ms (gc time_ns_from_count)",
+                ns / 1_000_000,
+                cpu / 1_000_000
+            )),
+            _ => Ok(()),
+        }
     }
 
     /// The main thread, reached as BPF will reach it. (Other threads are

@@ -6,7 +6,7 @@ use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::rc::Rc;
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use ruby_structs::{Layout, RubyVersion};
 
 use crate::address_space::AddressSpace;
@@ -255,6 +255,7 @@ impl RubyTarget {
             gc_flags_addr: self.gc.map_or(0, |g| g.flags),
             gc_count_addr: self.gc.map_or(0, |g| g.count),
             gc_minor_bit: l.gc.during_minor_gc_bit,
+            gc_time_addr: self.gc.map_or([0; 2], |g| g.time_ns),
             th_dedicated_byte: l.thread.dedicated_nt_byte.unwrap_or(0),
             th_dedicated_mask: l.thread.dedicated_nt_mask.map_or(0, u32::from),
             native_space: 0,
@@ -358,10 +359,30 @@ fn find_gc_clock(process: &Process, image: &ElfImage, bias: u64, layout: &Layout
         major_count: objspace
             .wrapping_add(count_off as u64)
             .wrapping_add(layout.gc.major_gc_count_from_count as u64),
+        time_ns: gc_time_fields(
+            objspace.wrapping_add(count_off as u64),
+            &layout.gc.time_ns_from_count,
+        )?,
     };
     // Whether the code led to a GC is for the proof to say: its major and
     // minor counts must add up to its count.
     Ok(Some(clock))
+}
+
+/// The absolute addresses of the GC's time fields (`GC.stat(:time)`), by the
+/// layout's offsets from `profile.count`.
+fn gc_time_fields(count: u64, offsets: &[i64]) -> Result<[u64; 2]> {
+    let mut fields = [0; 2];
+    if offsets.len() > fields.len() {
+        bail!(
+            "the layout gives {} GC time fields, rprof reads at most 2",
+            offsets.len()
+        );
+    }
+    for (field, off) in fields.iter_mut().zip(offsets) {
+        *field = count.wrapping_add(*off as u64);
+    }
+    Ok(fields)
 }
 
 thread_local! {

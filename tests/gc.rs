@@ -177,3 +177,99 @@ fn compacting_ruby_3_1() {
 fn compacting_ruby_3_4() {
     compacting(&Ruby::named("3.4"));
 }
+
+/// Microseconds of `f` whose leaf is `leaf`.
+fn leaf_us(f: &Folded, leaf: &str) -> u64 {
+    f.stacks
+        .iter()
+        .filter(|(s, _)| s.last().is_some_and(|l| l == leaf))
+        .map(|(_, n)| n)
+        .sum()
+}
+
+/// gc_wait.rb under `wall` on `ruby`: while the main thread makes a burst of
+/// collections, the spinning thread's GVL waits are `[waiting for GC]` under
+/// `spin`, for as long as GC.stat's clock says the burst took; the main
+/// thread, which never waits on a collection, has none. Ruby 2.7 keeps no GC
+/// clock: its waits stay GVL waits.
+fn gc_waits(ruby: &Ruby) {
+    let mut target = ruby.spawn("gc_wait.rb", &[]);
+    let rprof = attach(target.pid, &["-d", "6", "wall"]);
+    // SAFETY: kill only sends a signal.
+    assert_eq!(unsafe { libc::kill(target.pid as i32, libc::SIGUSR1) }, 0);
+    let line = target.wait_line("burst ", Duration::from_secs(10));
+    let run = rprof.finish();
+    assert!(run.success, "Ruby {}: {}", ruby.name, run.stderr);
+    let field = |name: &str| -> f64 {
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix(&format!("{name}=")))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{name} in {line:?}"))
+    };
+    let (truth_ms, took) = (field("gc_ms"), field("seconds"));
+    eprintln!("Ruby {}: the burst took {took} s", ruby.name);
+    let f = &run.folded;
+    let report = {
+        let mut lines: Vec<(u64, String)> = f.stacks.iter().map(|(s, n)| (*n, s.join(";"))).collect();
+        lines.sort_by_key(|l| std::cmp::Reverse(l.0));
+        let top: Vec<String> = lines.iter().take(15).map(|(n, s)| format!("{n} {s}")).collect();
+        format!(
+            "Ruby {}: the burst took {truth_ms} ms by GC.stat\n{}",
+            ruby.name,
+            top.join("\n")
+        )
+    };
+    let all = leaf_us(f, "[waiting for GC]");
+    if truth_ms < 0.0 {
+        assert_eq!(all, 0, "{report}");
+        assert!(leaf_us(f, "[waiting for the GVL]") > 0, "{report}");
+        return;
+    }
+    let spinner = f.of_thread(target.get("spinner"));
+    let waited = leaf_us(&spinner, "[waiting for GC]");
+    let under_spin: u64 = spinner
+        .stacks
+        .iter()
+        .filter(|(s, _)| s.last().is_some_and(|l| l == "[waiting for GC]"))
+        .filter(|(s, _)| s.iter().any(|fr| label(fr) == "Object#spin"))
+        .map(|(_, n)| n)
+        .sum();
+    // A spinner the kernel left waiting for a CPU during a collection (a
+    // busy machine) was not waiting for the GVL then.
+    let runnable = leaf_us(&spinner, "[runnable: CPU busy]") as f64;
+    let truth = truth_ms * 1000.0;
+    eprintln!(
+        "Ruby {}: spinner waited {:.1} ms on GC, GC.stat {truth_ms} ms; runnable {:.1} ms, GVL {:.1} ms",
+        ruby.name,
+        waited as f64 / 1000.0,
+        runnable / 1000.0,
+        leaf_us(&spinner, "[waiting for the GVL]") as f64 / 1000.0
+    );
+    assert_eq!(all, waited, "{report} (another thread waits on GC)");
+    assert_eq!(under_spin, waited, "{report}");
+    let slack = 0.05 * truth;
+    assert!(
+        waited as f64 <= truth + slack && waited as f64 >= truth - runnable - slack,
+        "{report}\n(spinner waited {waited} us on GC, GC.stat {truth} us, runnable {runnable} us)"
+    );
+}
+
+#[test]
+fn gc_waits_ruby_2_7() {
+    gc_waits(&Ruby::named("2.7"));
+}
+
+#[test]
+fn gc_waits_ruby_3_1() {
+    gc_waits(&Ruby::host());
+}
+
+#[test]
+fn gc_waits_ruby_3_3() {
+    gc_waits(&Ruby::named("3.3"));
+}
+
+#[test]
+fn gc_waits_ruby_3_4() {
+    gc_waits(&Ruby::named("3.4"));
+}

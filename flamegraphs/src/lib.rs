@@ -327,14 +327,16 @@ fn color_of(frame: &Frame) -> inferno::flamegraph::color::Color {
 }
 
 /// A state's colour, one per kind of state, so that the eye finds where
-/// threads wait: running green, GVL red, CPU busy orange, I/O blue, sleeping
-/// grey, locks and queues purple.
+/// threads wait: running green, GVL red, another thread's GC brown (as GC
+/// frames), CPU busy orange, I/O blue, sleeping grey, locks and queues purple.
 fn state_colour(name: &str) -> (u8, u8, u8) {
     let is = |p: &str| name.starts_with(p);
     if is("[running") {
         (60, 170, 60)
     } else if is("[waiting for the GVL") || is("[blocked holding the GVL") {
         (220, 40, 40)
+    } else if is("[waiting for GC") {
+        (170, 110, 40)
     } else if is("[runnable") {
         (240, 150, 30)
     } else if is("[blocked") {

@@ -189,6 +189,13 @@ pub struct Gc {
     /// The bit of `objspace->flags` set while the collection under way is a
     /// minor one (9 before 3.2, which added `during_reference_updating`).
     pub during_minor_gc_bit: u32,
+    /// The GC's own clock, what `GC.stat(:time)` reports: nanoseconds of the
+    /// process's CPU time spent collecting, the sum of these 64-bit fields,
+    /// relative to `profile.count` (3.1: `total_time_ns`; 3.3 on:
+    /// `marking_time_ns` and `sweeping_time_ns`). Empty: none (2.7 keeps no
+    /// such clock). `wall` splits a GVL wait by it.
+    #[serde(default)]
+    pub time_ns_from_count: Vec<i64>,
 }
 
 /// Where a class keeps its name and, for a singleton class, its object.

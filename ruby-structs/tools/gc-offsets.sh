@@ -20,3 +20,11 @@ echo "# From tools/gc-offsets.sh."
 echo "[gc]"
 echo "major_gc_count_from_count = $((major - count))"
 echo "minor_gc_count_from_count = $((minor - count))"
+# GC.stat(:time)'s fields: total_time_ns (3.1, 3.2), or marking_time_ns and
+# sweeping_time_ns (3.3 on); none before 3.1.
+times=""
+for f in total_time_ns marking_time_ns sweeping_time_ns; do
+    at=$(off "$f")
+    if [ -n "$at" ]; then times="${times:+$times, }$((at - count))"; fi
+done
+if [ -n "$times" ]; then echo "time_ns_from_count = [$times]"; fi

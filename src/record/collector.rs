@@ -98,7 +98,13 @@ impl Collector {
                     processes.rescan_native(probe, s.header.pid);
                 }
                 match processes.get_with_native(s.header.pid, s.header.start_ticks) {
-                    Some((f, unwinder)) => self.add_sample(s, f, unwinder, false),
+                    Some((f, unwinder)) => {
+                        let twin = wall::gc_twin(&s);
+                        self.add_sample(s, f, unwinder, false);
+                        if let Some(twin) = twin {
+                            self.add_sample(twin, f, unwinder, false);
+                        }
+                    }
                     None => self.unfollowed += 1,
                 }
             }

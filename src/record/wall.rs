@@ -79,6 +79,8 @@ fn keep_named(t: &types::rprof_wall_thread, collector: &mut Collector) {
         return;
     }
     collector.keep(t.hash);
+    // An open GVL wait's GC twin (gc_twin), counted when the wait ends.
+    collector.keep(t.hash ^ u64::from(types::rprof_wall_gc::RPROF_WALL_GC_SALT.0));
     for slot in t.slots.iter().filter(|s| s.hash != 0) {
         collector.keep(slot.hash);
     }
@@ -116,6 +118,19 @@ impl WallKind {
             syscall: (key & 0xffff) as i32 - 1,
         }
     }
+}
+
+/// `wall`: the twin of a GVL wait's record, the same stack waiting while the
+/// GVL's holder collects garbage: BPF counts that part of the wait to the
+/// wait's hash xor `RPROF_WALL_GC_SALT` (`gc_waited` in BPF), and sends no
+/// record of its own.
+pub fn gc_twin(s: &Sample) -> Option<Sample> {
+    (s.header.wall_state == S::RPROF_WALL_GVL.0).then(|| {
+        let mut twin = s.clone();
+        twin.header.hash ^= u64::from(types::rprof_wall_gc::RPROF_WALL_GC_SALT.0);
+        twin.header.wall_state = S::RPROF_WALL_GC.0;
+        twin
+    })
 }
 
 /// A record of `ns` of `kind` whose stack no walk sampled (the thread
@@ -440,6 +455,7 @@ pub fn state_label(h: &types::rprof_sample_header, leaf: Option<&str>) -> String
         S::RPROF_WALL_RUNNING => "[running]".to_string(),
         S::RPROF_WALL_RUNNABLE => "[runnable: CPU busy]".to_string(),
         S::RPROF_WALL_GVL => "[waiting for the GVL]".to_string(),
+        S::RPROF_WALL_GC => "[waiting for GC]".to_string(),
         S::RPROF_WALL_BLOCKED => format!("[blocked: {}]", call()),
         S::RPROF_WALL_SLEEP => "[sleeping]".to_string(),
         S::RPROF_WALL_MUTEX => "[waiting: Mutex#lock]".to_string(),

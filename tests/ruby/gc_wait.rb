@@ -1,0 +1,47 @@
+# Two threads for `wall`'s waits on another thread's GC. `spinner` only
+# counts, allocating nothing, so it waits for the GVL whenever the main
+# thread holds it. On SIGUSR1 the main thread makes a burst of minor
+# collections, each over 50,000 new strings (`collect`: the spinner waits
+# through each one), prints how long they took by GC.stat's clock (ms; -1 on
+# Ruby 2.7, which keeps none), and sleeps for good. Nothing collects before
+# or after the burst, so the recording's window need not be known to the ms.
+# (Minor, so that the spinner's frames, old objects, stay nameable: rprof
+# cannot vouch for an address across a major collection it did not read
+# before.)
+KEEP = Array.new(200_000) { |i| "kept #{i}" }
+YOUNG = []
+
+def spin
+  x = 0
+  loop { x += 1 }
+end
+
+def collect
+  YOUNG.replace(Array.new(50_000) { |i| "young #{i}" })
+  GC.start(full_mark: false, immediate_sweep: true)
+end
+
+def burst(n)
+  before = GC.stat.fetch(:time, -1)
+  n.times { collect }
+  before < 0 ? -1 : GC.stat(:time) - before
+end
+
+go = false
+trap("USR1") { go = true }
+started = Queue.new
+spinner = Thread.new do
+  # Its native thread id is known once it runs.
+  started << (Thread.current.respond_to?(:native_thread_id) ? Thread.current.native_thread_id : "?")
+  spin
+end
+spinner.name = "spinner"
+$stdout.puts "ready spinner=#{started.pop}"
+$stdout.flush
+sleep 0.01 until go
+t = Process.clock_gettime(Process::CLOCK_MONOTONIC)
+ms = burst(50)
+took = Process.clock_gettime(Process::CLOCK_MONOTONIC) - t
+$stdout.puts "burst gc_ms=#{ms} seconds=#{took.round(3)}"
+$stdout.flush
+sleep
