@@ -206,8 +206,15 @@ fn gc_waits(ruby: &Ruby) {
             .and_then(|v| v.parse().ok())
             .unwrap_or_else(|| panic!("{name} in {line:?}"))
     };
-    let (truth_ms, took) = (field("gc_ms"), field("seconds"));
+    let (truth_ms, longest_ms, took) = (field("gc_ms"), field("longest_ms"), field("seconds"));
     eprintln!("Ruby {}: the burst took {took} s", ruby.name);
+    // It began after rprof said it records; 6 s of it leave room for a burst
+    // that takes about 1 s alone and 2.5 s with both CPUs busy (measured).
+    assert!(
+        took < 5.0,
+        "Ruby {}: the burst took {took} s, past the recording",
+        ruby.name
+    );
     let f = &run.folded;
     let report = {
         let mut lines: Vec<(u64, String)> = f.stacks.iter().map(|(s, n)| (*n, s.join(";"))).collect();
@@ -247,10 +254,25 @@ fn gc_waits(ruby: &Ruby) {
     );
     assert_eq!(all, waited, "{report} (another thread waits on GC)");
     assert_eq!(under_spin, waited, "{report}");
+    // Ruby 3.1's GVL waiter that keeps time wakes itself every 100 ms; a
+    // wake inside a collection step ends the wait before Ruby's clock counts
+    // that step, and the wait after it, which the clock then charges the
+    // whole step, holds only the step's rest (README: what it does not
+    // measure). Each such wake may lose up to one step. Measured without
+    // this allowance: 3.1 0.6% to 3.8% under in most runs, 18% and 19% in
+    // two of about 25; 3.3 and 3.4 (a timer thread of their own) within 1 ms.
+    let wakes = if ruby.name == "3.1" {
+        let waiting = waited as f64 + leaf_us(&spinner, "[waiting for the GVL]") as f64;
+        (waiting / 100_000.0).ceil()
+    } else {
+        0.0
+    };
+    let lost_in_steps = wakes * (longest_ms + 1.0) * 1000.0;
     let slack = 0.05 * truth;
     assert!(
-        waited as f64 <= truth + slack && waited as f64 >= truth - runnable - slack,
-        "{report}\n(spinner waited {waited} us on GC, GC.stat {truth} us, runnable {runnable} us)"
+        waited as f64 <= truth + slack && waited as f64 >= truth - runnable - lost_in_steps - slack,
+        "{report}\n(spinner waited {waited} us on GC, GC.stat {truth} us, runnable {runnable} us, \
+         up to {lost_in_steps} us in steps its timekeeping wakes cut)"
     );
 }
 
