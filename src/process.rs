@@ -40,13 +40,16 @@ impl Process {
     /// (see `start_ticks`) and still runs: a zombie keeps its /proc entry
     /// but has no memory left to read. One read of /proc/PID/stat.
     pub fn is_alive_since(&self, start_ticks: u64) -> bool {
-        let Ok(stat) = fs::read_to_string(format!("/proc/{}/stat", self.pid)) else {
-            return false;
-        };
-        let Some((_, rest)) = stat.rsplit_once(')') else {
-            return false;
-        };
-        !rest.trim_start().starts_with(['Z', 'X']) && parse_start_ticks(rest) == Some(start_ticks)
+        self.stat().is_some_and(|rest| {
+            !rest.trim_start().starts_with(['Z', 'X']) && parse_start_ticks(&rest) == Some(start_ticks)
+        })
+    }
+
+    /// /proc/PID/stat after the command's ")" (the command may hold any
+    /// character): its fields from the state (field 3) on.
+    fn stat(&self) -> Option<String> {
+        let stat = fs::read_to_string(format!("/proc/{}/stat", self.pid)).ok()?;
+        Some(stat.rsplit_once(')')?.1.to_string())
     }
 
     pub fn maps(&self) -> Result<Vec<Mapping>> {
@@ -71,21 +74,18 @@ impl Process {
     /// When the process started, as /proc/PID/stat says (boot time in clock
     /// ticks): with the PID, its identity, as a PID is only reused later.
     pub fn start_ticks(&self) -> Option<u64> {
-        let stat = fs::read_to_string(format!("/proc/{}/stat", self.pid)).ok()?;
-        parse_start_ticks(stat.rsplit_once(')')?.1)
+        parse_start_ticks(&self.stat()?)
     }
 
     /// The CPU time all its threads have used (user and system), in ns, as
     /// /proc/PID/stat counts it: in clock ticks, rounded down.
     pub fn cpu_ns(&self) -> Option<u64> {
-        let stat = fs::read_to_string(format!("/proc/{}/stat", self.pid)).ok()?;
-        // After the command's ")": state is field 3, utime 14 and stime 15.
-        let mut fields = stat.rsplit_once(')')?.1.split_whitespace().skip(11);
+        let stat = self.stat()?;
+        // From the state (field 3): utime is field 14, stime 15.
+        let mut fields = stat.split_whitespace().skip(11);
         let utime: u64 = fields.next()?.parse().ok()?;
         let stime: u64 = fields.next()?.parse().ok()?;
-        // SAFETY: sysconf only reads a configuration value.
-        let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
-        Some((utime + stime).saturating_mul(1_000_000_000 / hz))
+        Some((utime + stime).saturating_mul(1_000_000_000 / clock_ticks_per_second()))
     }
 
     /// The command line, arguments joined by spaces (empty for a zombie).
@@ -194,6 +194,12 @@ impl Process {
 
 /// Field 22 of /proc/PID/stat, from what follows the command name's closing
 /// parenthesis (field 3 on).
+/// The unit of /proc's times (USER_HZ).
+pub fn clock_ticks_per_second() -> u64 {
+    // SAFETY: sysconf only reads a configuration value.
+    unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64
+}
+
 fn parse_start_ticks(after_comm: &str) -> Option<u64> {
     after_comm.split_whitespace().nth(19)?.parse().ok()
 }

@@ -193,7 +193,8 @@ impl Prover<'_> {
             let field = self.u64_at(addr, "the GC's time")?;
             ns = ns.saturating_add(field);
         }
-        // Two fields rounded down to a clock tick, and one more for luck.
+        // utime and stime each rounded down to a clock tick (10 ms), and a
+        // tick the process may use between the two reads.
         let slack = 30_000_000;
         match self.process.cpu_ns() {
             Some(cpu) if ns > cpu.saturating_add(slack) => fail(format!(

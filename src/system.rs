@@ -134,9 +134,7 @@ pub fn start_time(start_ticks: u64) -> u64 {
                 .find_map(|l| l.strip_prefix("btime ")?.trim().parse().ok())
         })
         .unwrap_or(0);
-    // SAFETY: sysconf only reads a configuration value.
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
-    boot + start_ticks / hz
+    boot + start_ticks / crate::process::clock_ticks_per_second()
 }
 
 /// The nice value of rprof's recording thread: ahead of the programs it

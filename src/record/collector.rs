@@ -99,7 +99,8 @@ impl Collector {
                 }
                 match processes.get_with_native(s.header.pid, s.header.start_ticks) {
                     Some((f, unwinder)) => {
-                        let twin = wall::gc_twin(&s);
+                        let clock = f.ruby.as_ref().and_then(|r| r.target.gc);
+                        let twin = wall::gc_twin(&s, clock.is_some_and(|c| c.time_ns[0] != 0));
                         self.add_sample(s, f, unwinder, false);
                         if let Some(twin) = twin {
                             self.add_sample(twin, f, unwinder, false);

@@ -80,7 +80,7 @@ fn keep_named(t: &types::rprof_wall_thread, collector: &mut Collector) {
     }
     collector.keep(t.hash);
     // An open GVL wait's GC twin (gc_twin), counted when the wait ends.
-    collector.keep(t.hash ^ u64::from(types::rprof_wall_gc::RPROF_WALL_GC_SALT.0));
+    collector.keep(gc_twin_hash(t.hash));
     for slot in t.slots.iter().filter(|s| s.hash != 0) {
         collector.keep(slot.hash);
     }
@@ -124,13 +124,19 @@ impl WallKind {
 /// GVL's holder collects garbage: BPF counts that part of the wait to the
 /// wait's hash xor `RPROF_WALL_GC_SALT` (`gc_waited` in BPF), and sends no
 /// record of its own.
-pub fn gc_twin(s: &Sample) -> Option<Sample> {
-    (s.header.wall_state == S::RPROF_WALL_GVL.0).then(|| {
+/// Only for a Ruby with a GC clock (`has_clock`): BPF splits no other's waits.
+pub fn gc_twin(s: &Sample, has_clock: bool) -> Option<Sample> {
+    (has_clock && s.header.wall_state == S::RPROF_WALL_GVL.0).then(|| {
         let mut twin = s.clone();
-        twin.header.hash ^= u64::from(types::rprof_wall_gc::RPROF_WALL_GC_SALT.0);
+        twin.header.hash = gc_twin_hash(s.header.hash);
         twin.header.wall_state = S::RPROF_WALL_GC.0;
         twin
     })
+}
+
+/// The hash BPF counts a GVL wait's GC part to (`charge_gvl_wait`).
+fn gc_twin_hash(hash: u64) -> u64 {
+    hash ^ u64::from(types::rprof_wall_gc::RPROF_WALL_GC_SALT.0)
 }
 
 /// A record of `ns` of `kind` whose stack no walk sampled (the thread
