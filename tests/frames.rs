@@ -42,8 +42,12 @@ fn ruby_leaf(stack: &[String]) -> Option<&String> {
 }
 
 fn record_phase(r: &Ruby, phase: &str, seconds: &str) -> Run {
+    record_phase_at(r, phase, seconds, "499")
+}
+
+fn record_phase_at(r: &Ruby, phase: &str, seconds: &str, hz: &str) -> Run {
     let target = r.spawn("frames.rb", &[phase]);
-    let run = record(target.pid, &["-d", seconds, "-F", "499"]);
+    let run = record(target.pid, &["-d", seconds, "-F", hz]);
     assert!(run.success, "Ruby {}: {}", r.name, run.stderr);
     assert_eq!(run.summary("failed"), 0, "Ruby {}: {}", r.name, run.stderr);
     run
@@ -102,7 +106,12 @@ fn check_lines(r: &Ruby) {
 /// release that dropped these lines gave 80-90%; rprof gives 100% (2 s at
 /// 499 Hz, about 300 samples per block on each Ruby).
 fn check_leaf_blocks(r: &Ruby) {
-    let run = record_phase(r, "blocks", "3");
+    // 999 Hz: under YJIT, spin_times's block is the leaf in only ~1/6 of
+    // its samples (the rest are in Integer#times, #*, #^, #succ). Measured
+    // at 499 Hz: 49-68 in 12 runs, against the 50 needed below (a CI run
+    // failed with 49); at 999 Hz: 105-137 in 13 runs, 5 of them with a
+    // CPU-burning loop beside it.
+    let run = record_phase_at(r, "blocks", "3", "999");
     for (tag, hot) in tagged_lines("frames.rb", "# HOT(blocks) ") {
         let (mut total, mut at_line) = (0, 0);
         for (stack, n) in &run.folded.stacks {
