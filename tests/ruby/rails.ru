@@ -30,4 +30,9 @@ class RowsController < ActionController::Base
 end
 
 RprofRailsApp.initialize!
+# Puma loads this file in each worker after the worker says it booted (no
+# preload_app!): the tests wait for this line, so that the app's boot, its
+# eager loading included, is over before they record.
+$stdout.puts "rails booted #{Process.pid}"
+$stdout.flush
 run RprofRailsApp
