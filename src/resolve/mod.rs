@@ -131,9 +131,19 @@ pub struct Resolver {
     serial: u64,
     /// While reading the target's memory: the GC time the reads happen at.
     now: Option<GcTime>,
-    /// The GC time of the last tick.
+    /// The GC time of the last tick, and when it was.
     ticked_at: GcTime,
+    ticked: Instant,
+    /// A sample was named since the last tick.
+    named: bool,
 }
+
+/// How often the GC clock of a process with no samples is followed: a
+/// reading costs a system call, and `--all` and the agent follow every Ruby
+/// on the host, most of them idle. Readings further apart only make the
+/// record of which collections were major coarser: facts are then read
+/// again, never trusted longer.
+const IDLE_TICK: Duration = Duration::from_millis(100);
 
 impl Resolver {
     pub fn new(target: &RubyTarget) -> Self {
@@ -158,6 +168,8 @@ impl Resolver {
             serial: 0,
             now: None,
             ticked_at: GcTime(0),
+            ticked: Instant::now(),
+            named: true,
         };
         // A first reading of the GC's clock, before any sample.
         resolver.tick();
@@ -187,6 +199,8 @@ impl Resolver {
             serial: self.serial,
             now: None,
             ticked_at: GcTime(0),
+            ticked: Instant::now(),
+            named: true,
         };
         let live: HashSet<u64> = resolver.iseqs.serials().collect();
         resolver.lines = self
@@ -213,6 +227,11 @@ impl Resolver {
     /// Called between batches of samples: follows the GC's clock (to know
     /// which collections were major) and forgets what no sample can use.
     pub fn tick(&mut self) {
+        if !self.named && self.ticked.elapsed() < IDLE_TICK {
+            return;
+        }
+        self.named = false;
+        self.ticked = Instant::now();
         let Some(r) = self.read_clock() else { return };
         if r.unsettled || r.time == self.ticked_at {
             return;
@@ -245,6 +264,7 @@ impl Resolver {
         sample: SampleTime,
     ) -> Vec<Result<Frame, Unknown>> {
         self.now = None;
+        self.named = true;
         self.old_at_sample = old_objects(frames);
         let mjit = self.mjit_running();
         let trust: Vec<PcTrust> = (0..frames.len())
@@ -337,6 +357,7 @@ impl Resolver {
     /// stands still.
     pub fn class_name(&mut self, klass: u64, sample: SampleTime) -> Result<String, Unknown> {
         self.now = None;
+        self.named = true;
         match self.class_label(klass, sample) {
             Err(Unknown::NotYet) => {}
             known => return known,
