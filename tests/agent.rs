@@ -7,6 +7,7 @@ mod common;
 mod receiver;
 
 use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStderr, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -284,6 +285,130 @@ fn an_invalid_push_is_refused_not_retried() {
         "{said}"
     );
     assert!(said.contains(" 0 retried"), "{said}");
+}
+
+/// A CA and a server certificate it signed for 127.0.0.1, made by openssl
+/// in `dir`: (the CA's PEM, the server's certificate, its key).
+fn certificates(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
+    let openssl = |args: &[&str]| {
+        let out = Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .expect("run openssl (apt-get install openssl)");
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
+    openssl(
+        &[
+            &["req", "-x509"][..],
+            &ec,
+            &[
+                "-keyout",
+                "ca.key",
+                "-out",
+                "ca.pem",
+                "-days",
+                "2",
+                "-subj",
+                "/CN=rprof test CA",
+            ],
+        ]
+        .concat(),
+    );
+    openssl(
+        &[
+            &["req"][..],
+            &ec,
+            &[
+                "-keyout",
+                "key.pem",
+                "-out",
+                "server.csr",
+                "-subj",
+                "/CN=127.0.0.1",
+            ],
+        ]
+        .concat(),
+    );
+    std::fs::write(
+        dir.join("server.ext"),
+        "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n",
+    )
+    .expect("write server.ext");
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-days",
+        "2",
+        "-extfile",
+        "server.ext",
+        "-out",
+        "server.pem",
+    ]);
+    (dir.join("ca.pem"), dir.join("server.pem"), dir.join("key.pem"))
+}
+
+/// Over TLS: the agent verifies the server with the system's roots, which
+/// `SSL_CERT_FILE` (as for OpenSSL) replaces with a private CA's.
+#[test]
+fn pushed_over_tls_to_a_server_its_roots_trust() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (ca, chain, key) = certificates(dir.path());
+    let server = Receiver::start_tls(&chain, &key);
+    assert!(server.url().starts_with("https://"));
+    let ruby = spinner(&Ruby::host(), &[], None);
+    let ca = ca.display().to_string();
+    let agent = Agent::start(&server.url(), &[], &[("SSL_CERT_FILE", &ca)]);
+    let pushes = server.wait_for("a push over TLS", Duration::from_secs(30), |p| {
+        of_pid(p, ruby.pid).iter().any(|x| x.status == 200)
+    });
+    let mine = of_pid(&pushes, ruby.pid);
+    assert_eq!(mine[0].hottest(), "Object#spin", "{mine:#?}");
+    let said = agent.stop();
+    assert!(said.contains(" 0 failed, 0 retried"), "{said}");
+    assert_eq!(server.handshake_failures(), Vec::<String>::new());
+}
+
+/// A server whose certificate the roots do not vouch for gets nothing: the
+/// handshake fails, and the agent says why.
+#[test]
+fn nothing_pushed_to_a_server_its_roots_do_not_trust() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (_, chain, key) = certificates(dir.path());
+    let server = Receiver::start_tls(&chain, &key);
+    let _ruby = spinner(&Ruby::host(), &[], None);
+    let agent = Agent::start(&server.url(), &[], &[]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while server.handshake_failures().is_empty() {
+        assert!(Instant::now() < deadline, "no TLS handshake in 30 s");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // It keeps trying for 10 s at the end (LAST_PUSH_WAIT), as for a
+    // server that is down.
+    let said = agent.stop();
+    assert!(server.pushes().is_empty(), "{:#?}", server.pushes());
+    assert!(
+        said.contains("last failure: ") && said.contains("UnknownIssuer"),
+        "{said}"
+    );
 }
 
 /// Bad input: one line each, exit 1.

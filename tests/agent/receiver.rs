@@ -3,11 +3,13 @@
 //! `POST /push.v1.PusherService/Push`, a gzipped binary `PushRequest` whose
 //! samples are gzipped pprof profiles, checked as Pyroscope checks them
 //! (label names, `__name__` and `service_name`, 16,000 samples, the
-//! ingestion window); answers scripted on demand, or no answer at all.
+//! ingestion window); answers scripted on demand, or no answer at all;
+//! over TLS if asked (rustls, with a certificate the test makes).
 
 use std::collections::{BTreeMap, VecDeque};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -135,25 +137,63 @@ struct State {
     /// Answer every request with this, once the script is done.
     always: Option<(u16, String)>,
     down: bool,
+    handshake_failures: Vec<String>,
 }
 
 pub struct Receiver {
     pub port: u16,
     state: Arc<Mutex<State>>,
+    tls: bool,
 }
+
+type Tls = Option<Arc<rustls::ServerConfig>>;
 
 impl Receiver {
     pub fn start() -> Receiver {
+        Self::serving(None)
+    }
+
+    /// Served over TLS with the certificate chain and key in these PEM files.
+    pub fn start_tls(chain: &Path, key: &Path) -> Receiver {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        let chain: Vec<CertificateDer> = CertificateDer::pem_file_iter(chain)
+            .expect("the certificate chain")
+            .collect::<Result<_, _>>()
+            .expect("PEM certificates");
+        let key = PrivateKeyDer::from_pem_file(key).expect("the key");
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .expect("TLS versions")
+            .with_no_client_auth()
+            .with_single_cert(chain, key)
+            .expect("a certificate and its key");
+        Self::serving(Some(Arc::new(config)))
+    }
+
+    fn serving(tls: Tls) -> Receiver {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind the receiver");
         let port = listener.local_addr().expect("its port").port();
         let state = Arc::new(Mutex::new(State::default()));
         let s = Arc::clone(&state);
-        std::thread::spawn(move || accept(listener, port, &s));
-        Receiver { port, state }
+        let with_tls = tls.is_some();
+        std::thread::spawn(move || accept(listener, port, tls, &s));
+        Receiver {
+            port,
+            state,
+            tls: with_tls,
+        }
     }
 
     pub fn url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
+        let scheme = if self.tls { "https" } else { "http" };
+        format!("{scheme}://127.0.0.1:{}", self.port)
+    }
+
+    /// TLS handshakes that failed, with why (as the server saw it).
+    pub fn handshake_failures(&self) -> Vec<String> {
+        self.state.lock().unwrap().handshake_failures.clone()
     }
 
     pub fn pushes(&self) -> Vec<Push> {
@@ -201,7 +241,7 @@ impl Receiver {
 
 /// Accepts while up; while down the port is closed, and opened again on
 /// the same port when up.
-fn accept(listener: TcpListener, port: u16, state: &Arc<Mutex<State>>) {
+fn accept(listener: TcpListener, port: u16, tls: Tls, state: &Arc<Mutex<State>>) {
     let mut listener = Some(listener);
     loop {
         let down = state.lock().unwrap().down;
@@ -220,7 +260,8 @@ fn accept(listener: TcpListener, port: u16, state: &Arc<Mutex<State>>) {
                 match l.accept() {
                     Ok((conn, _)) => {
                         let s = Arc::clone(state);
-                        std::thread::spawn(move || serve(conn, &s));
+                        let tls = tls.clone();
+                        std::thread::spawn(move || serve_connection(conn, tls, &s));
                     }
                     Err(_) => std::thread::sleep(Duration::from_millis(10)),
                 }
@@ -229,12 +270,25 @@ fn accept(listener: TcpListener, port: u16, state: &Arc<Mutex<State>>) {
     }
 }
 
+fn serve_connection(conn: TcpStream, tls: Tls, state: &Arc<Mutex<State>>) {
+    conn.set_nonblocking(false).unwrap();
+    let Some(config) = tls else {
+        return serve(conn, state);
+    };
+    let mut conn = rustls::StreamOwned::new(rustls::ServerConnection::new(config).unwrap(), conn);
+    while conn.conn.is_handshaking() {
+        if let Err(e) = conn.conn.complete_io(&mut conn.sock) {
+            state.lock().unwrap().handshake_failures.push(e.to_string());
+            return;
+        }
+    }
+    serve(conn, state)
+}
+
 /// Requests on one connection (kept alive) until it closes, or the
 /// receiver goes down.
-fn serve(conn: TcpStream, state: &Arc<Mutex<State>>) {
-    conn.set_nonblocking(false).unwrap();
-    let mut reader = BufReader::new(conn.try_clone().unwrap());
-    let mut out = conn;
+fn serve<S: Read + Write>(conn: S, state: &Arc<Mutex<State>>) {
+    let mut reader = BufReader::new(conn);
     loop {
         let mut line = String::new();
         if reader.read_line(&mut line).unwrap_or(0) == 0 {
@@ -270,7 +324,12 @@ fn serve(conn: TcpStream, state: &Arc<Mutex<State>>) {
             "HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{answer}",
             answer.len()
         );
-        if out.write_all(reply.as_bytes()).is_err() {
+        let out = reader.get_mut();
+        if out
+            .write_all(reply.as_bytes())
+            .and_then(|()| out.flush())
+            .is_err()
+        {
             return;
         }
     }
