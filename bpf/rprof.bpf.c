@@ -1746,26 +1746,65 @@ static __always_inline void charge_gvl_wait(struct rprof_wall_task *e, __u64 has
 		charge_wait(e, hash ? hash ^ RPROF_WALL_GC_SALT : 0, RPROF_WALL_GC, syscall, gc);
 }
 
+/* wall: a GVL wait of `ns` that ended at `end`, in which the GC's clock
+ * ran `gc`: that much of it (at most all) is counted as waiting for GC now,
+ * and the rest held until the thread's next GVL wait ends (release_held).
+ * Ruby's clock counts a collection step when the step ends: a wait that
+ * ended inside a step (Ruby 3.1's waiter that keeps time wakes itself every
+ * 100 ms, GVL or not) saw none of it, and the wait after it, which sees the
+ * whole step, is too short to take it. */
+static __always_inline void hold_gvl_wait(struct rprof_wall_task *e, __u64 hash, __s32 syscall,
+					  __u64 ns, __u64 gc, __u64 end)
+{
+	gc = gc < ns ? gc : ns;
+	if (gc)
+		charge_wait(e, hash ? hash ^ RPROF_WALL_GC_SALT : 0, RPROF_WALL_GC, syscall, gc);
+	if (gc == ns)
+		return;
+	e->held_hash = hash;
+	e->held_syscall = syscall;
+	e->held_end = end;
+	__sync_lock_test_and_set(&e->held_ns, ns - gc);
+}
+
+/* wall: the held part of the last GVL wait (hold_gvl_wait), now that the
+ * next one, which began at `next`, ended, having seen the clock run `over`
+ * longer than it lasted: a step ended in it that began before it, in the
+ * held wait or in between (the thread then on a CPU or ready, not waiting
+ * for the GVL). 0: all of it waited for the GVL. */
+static __always_inline void release_held(struct rprof_wall_task *e, __u64 over, __u64 next)
+{
+	__u64 ns = __sync_lock_test_and_set(&e->held_ns, 0);
+	__u64 between = next > e->held_end ? next - e->held_end : 0;
+
+	if (ns)
+		charge_gvl_wait(e, e->held_hash, e->held_syscall, ns,
+				over > between ? over - between : 0);
+}
+
 /* wall: a GVL wait that a thread of another process (an interrupt: Ruby
  * 3.1's waiter that keeps time wakes itself every 100 ms) ended is split
  * as the thread switches out again (not preempted: then at the switch-out
  * after), from its own memory, if it waits for the GVL again: the GC's
- * clock ran since the wait opened, less the CPU
- * time the thread used in between (a collection it made itself, had it
- * taken the GVL, took at most that), never more than the wait. Otherwise
- * all of it waited for the GVL. */
+ * clock ran since the wait opened, less the CPU time the thread used in
+ * between (a collection it made itself, had it taken the GVL, took at most
+ * that). Otherwise all of it waited for the GVL. */
 static __always_inline void settle_owed(struct rprof_proc *p, struct rprof_wall_task *e,
 					struct task_struct *task, __u32 state)
 {
-	__u64 ns = e->owed_ns, gc = 0, clock, ran;
+	__u64 ns = e->owed_ns, gc, clock, ran;
 
 	e->owed_ns = 0;
-	if (state == RPROF_WALL_GVL && e->owed_gc_at) {
-		clock = gc_clock_at(p);
-		ran = task->se.sum_exec_runtime - e->owed_exec;
-		gc = clock > e->owed_gc_at + ran ? clock - e->owed_gc_at - ran : 0;
+	if (state != RPROF_WALL_GVL || !e->owed_gc_at) {
+		release_held(e, 0, 0);
+		charge_gvl_wait(e, e->owed_hash, e->owed_syscall, ns, 0);
+		return;
 	}
-	charge_gvl_wait(e, e->owed_hash, e->owed_syscall, ns, gc);
+	clock = gc_clock_at(p);
+	ran = task->se.sum_exec_runtime - e->owed_exec;
+	gc = clock > e->owed_gc_at + ran ? clock - e->owed_gc_at - ran : 0;
+	release_held(e, gc > ns ? gc - ns : 0, e->owed_end - ns);
+	hold_gvl_wait(e, e->owed_hash, e->owed_syscall, ns, gc, e->owed_end);
 }
 
 /* wall: whether this switch-out of `e`'s thread walks its stack. Always,
@@ -1846,6 +1885,8 @@ static __always_inline struct rprof_wall_task *wall_out(struct task_struct *prev
 		stat_add(RPROF_STAT_WALL_UNSEEN, ran);
 	if (e->owed_ns && state != RPROF_WALL_RUNNABLE)
 		settle_owed(p, e, prev, state);
+	else if (!e->owed_ns && state != RPROF_WALL_GVL && state != RPROF_WALL_RUNNABLE)
+		release_held(e, 0, 0);
 	e->hash = 0;
 	e->state = state;
 	e->syscall = syscall;
@@ -1883,7 +1924,7 @@ static __always_inline void wall_in(struct task_struct *next, __u64 now)
 	__u32 tid = next->pid;
 	struct rprof_wall_task *e;
 	struct rprof_proc *p;
-	__u64 old, ns;
+	__u64 old, ns, gc;
 
 	p = recipe_of(next);
 	if (!p)
@@ -1909,11 +1950,16 @@ static __always_inline void wall_in(struct task_struct *next, __u64 now)
 		e->owed_hash = e->hash;
 		e->owed_syscall = e->syscall;
 		e->owed_exec = next->se.sum_exec_runtime;
+		e->owed_end = now;
 		e->owed_gc_at = e->gc_at;
 		return;
 	}
-	if (e->state == RPROF_WALL_GVL)
-		charge_gvl_wait(e, e->hash, e->syscall, ns, gc_waited(e));
+	if (e->state == RPROF_WALL_GVL && e->gc_at) {
+		gc = gc_waited(e);
+		release_held(e, gc > ns ? gc - ns : 0, old >> 1);
+		hold_gvl_wait(e, e->hash, e->syscall, ns, gc, now);
+	} else if (e->state == RPROF_WALL_GVL)
+		charge_gvl_wait(e, e->hash, e->syscall, ns, 0);
 	else
 		charge_wait(e, e->hash, e->state, e->syscall, ns);
 }
@@ -2039,6 +2085,7 @@ static __always_inline void settle_owed_final(struct rprof_wall_task *e)
 
 	if (ns)
 		charge_gvl_wait(e, e->owed_hash, e->owed_syscall, ns, 0);
+	release_held(e, 0, 0);
 }
 
 /* wall, once an epoch and at the end: every followed thread, for userspace
@@ -2104,7 +2151,7 @@ int wall_sweep(struct bpf_iter__task *ctx)
 				add_time(hash, now - (mark >> 1));
 			}
 		}
-		if (e->owed_ns && wall_final)
+		if ((e->owed_ns || e->held_ns) && wall_final)
 			settle_owed_final(e);
 		out->hash = e->hash;
 		sweep_slots(e, out);

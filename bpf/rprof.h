@@ -476,13 +476,19 @@ struct rprof_wall_task {
 	__u64 gc_woke;
 	/* a GVL wait woken from outside its process, split at the thread's next
 	 * switch-out (settle_owed): its length, stack, the thread's CPU time
-	 * when it ended, its GC clock at its start, and its call */
+	 * and the time when it ended, its GC clock at its start, and its call */
 	__u64 owed_ns;
 	__u64 owed_hash;
 	__u64 owed_exec;
+	__u64 owed_end;
 	__u64 owed_gc_at;
 	__s32 owed_syscall;
-	__u32 owed_pad;
+	/* the last GVL wait's part not shown to be GC, held until the next GVL
+	 * wait ends (hold_gvl_wait): with its stack, call and end */
+	__s32 held_syscall;
+	__u64 held_ns;
+	__u64 held_hash;
+	__u64 held_end;
 	struct rprof_wall_slot slots[RPROF_WALL_SLOTS];
 };
 
