@@ -8,7 +8,7 @@ APT_PACKAGES = clang llvm libelf-dev zlib1g-dev pkg-config make gcc ruby ruby-de
 # What only the tests use: real servers under load (and a Rails app: Debian's
 # Rails 6.1 parts it needs); go tool pprof and a JSON schema validator, to
 # read rprof's pprof and speedscope files as users' tools do.
-TEST_PACKAGES = puma unicorn ruby-rack wrk libc6-dbg golang-go python3-jsonschema curl man-db tmux chromium openssl \
+TEST_PACKAGES = puma unicorn ruby-rack wrk libc6-dbg golang-go python3-jsonschema curl man-db tmux chromium openssl protobuf-compiler \
                 ruby-railties ruby-actionpack ruby-actionview
 RPROF = $(or $(CARGO_TARGET_DIR),target)/release/rprof
 

@@ -155,6 +155,7 @@ fn every_ruby_pushed_under_its_own_labels() {
         of_pid(&pushes, hidden.pid).is_empty(),
         "--exclude hidden: pushed all the same"
     );
+    read_by_other_tools(of_pid(&pushes, alpha.pid)[0]);
     let gone = alpha.pid;
     drop(alpha); // killed
     let ended_at = unix_now_ns();
@@ -176,6 +177,70 @@ fn every_ruby_pushed_under_its_own_labels() {
         said.contains(" 0 failed") && said.contains(" 0 dropped"),
         "{said}"
     );
+}
+
+/// A push as protoc and go tool pprof read it, not only as the receiver's
+/// own message definitions do: `protoc --decode_raw` finds the series's
+/// labels and the profile's ID at the field numbers Pyroscope's push.v1
+/// gives them; `go tool pprof` reads the profile, whose hottest function is
+/// the spinner's.
+fn read_by_other_tools(push: &Push) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let request = dir.path().join("push.bin");
+    std::fs::write(&request, &push.request[..]).expect("write the request");
+    let out = Command::new("protoc")
+        .arg("--decode_raw")
+        .stdin(std::fs::File::open(&request).expect("the request"))
+        .output()
+        .expect("protoc (Debian's protobuf-compiler; make test installs it)");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "protoc: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // PushRequest.series = 1 { labels = 1 { name = 1, value = 2 },
+    // samples = 2 { raw_profile = 1, id = 2 } }: each a field path.
+    let mut fields = Vec::new();
+    let mut path: Vec<&str> = Vec::new();
+    for line in text.lines().map(str::trim) {
+        if let Some(open) = line.strip_suffix(" {") {
+            path.push(open);
+        } else if line == "}" {
+            path.pop();
+        } else if let Some((n, v)) = line.split_once(": ") {
+            fields.push((format!("{}.{n}", path.join(".")), v.trim_matches('"').to_string()));
+        }
+    }
+    let pairs: Vec<(&str, &str)> = fields
+        .windows(2)
+        .filter(|w| w[0].0 == "1.1.1" && w[1].0 == "1.1.2")
+        .map(|w| (w[0].1.as_str(), w[1].1.as_str()))
+        .collect();
+    for (name, value) in [
+        ("__name__", "process_cpu"),
+        ("service_name", push.label("service_name")),
+        ("pid", push.label("pid")),
+    ] {
+        assert!(
+            pairs.contains(&(name, value)),
+            "{name}={value} not in {pairs:?}:\n{text}"
+        );
+    }
+    assert!(
+        fields.contains(&("1.2.2".to_string(), push.id.clone())),
+        "the profile's ID {} not at series.samples.id:\n{text}",
+        push.id
+    );
+    let profile = dir.path().join("profile.pb.gz");
+    std::fs::write(&profile, &push.raw_profile).expect("write the profile");
+    let top = common::go_pprof(&profile, &["-top"]);
+    let first = top
+        .lines()
+        .skip_while(|l| !l.trim_start().starts_with("flat"))
+        .nth(1)
+        .unwrap_or_default();
+    assert!(first.ends_with("Object#spin"), "go tool pprof -top:\n{top}");
 }
 
 /// The server down for 30 s, then up: the agent keeps recording, its memory

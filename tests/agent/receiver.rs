@@ -108,6 +108,10 @@ pub struct Push {
     /// Each sample's leaf function name and first value.
     pub leaves: Vec<(String, i64)>,
     pub headers: BTreeMap<String, String>,
+    /// The request it came in (unzipped), and its profile as sent (gzipped
+    /// pprof), for other tools to read.
+    pub request: Arc<Vec<u8>>,
+    pub raw_profile: Vec<u8>,
 }
 
 impl Push {
@@ -366,6 +370,7 @@ fn handle(
         body.to_vec()
     };
     let req = PushRequest::decode(&raw[..]).expect("a PushRequest");
+    let request = Arc::new(raw.clone());
     let mut s = state.lock().unwrap();
     let mut answer = (200, String::new());
     for series in &req.series {
@@ -400,6 +405,8 @@ fn handle(
                 duration_nanos: p.duration_nanos,
                 leaves: leaves(&p),
                 headers: headers.clone(),
+                request: Arc::clone(&request),
+                raw_profile: sample.raw_profile.clone(),
             });
         }
     }
