@@ -476,6 +476,90 @@ fn nothing_pushed_to_a_server_its_roots_do_not_trust() {
     );
 }
 
+/// A cgroup made for a test in cgroup v2's tree (the unified one on a
+/// hybrid host), with its parents; removed when dropped, once the processes
+/// moved into it have ended.
+struct Cgroup {
+    made: Vec<PathBuf>,
+}
+
+impl Cgroup {
+    fn new(path: &str) -> Cgroup {
+        let root = ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"]
+            .iter()
+            .map(Path::new)
+            .find(|r| r.join("cgroup.procs").exists())
+            .expect("a cgroup v2 tree at /sys/fs/cgroup or /sys/fs/cgroup/unified");
+        let mut made = Vec::new();
+        let mut dir = root.to_path_buf();
+        for part in path.split('/') {
+            dir.push(part);
+            if !dir.exists() {
+                std::fs::create_dir(&dir).unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
+                made.push(dir.clone());
+            }
+        }
+        Cgroup { made }
+    }
+
+    fn enter(&self, pid: u32) {
+        let leaf = self.made.last().expect("a cgroup made");
+        std::fs::write(leaf.join("cgroup.procs"), pid.to_string()).expect("move a process into the cgroup");
+    }
+}
+
+impl Drop for Cgroup {
+    fn drop(&mut self) {
+        for dir in self.made.iter().rev() {
+            let _ = std::fs::remove_dir(dir);
+        }
+    }
+}
+
+/// `--only`/`--exclude` by cgroup, and the container and pod a cgroup path
+/// names: a Ruby in `.../kubepods-burstable-podUID.slice/docker-ID.scope`
+/// under the test's cgroup is pushed with `container_id` and `pod_uid`; one
+/// in an excluded cgroup under it, and one outside it, never are.
+#[test]
+fn cgroups_choose_and_label_what_is_pushed() {
+    let top = format!("rprof-test-{}", std::process::id());
+    let id = "0123456789abcdef".repeat(4);
+    let uid = "12345678-90ab-cdef-1234-567890abcdef";
+    let pod = Cgroup::new(&format!(
+        "{top}/kubepods-burstable-pod{}.slice/docker-{id}.scope",
+        uid.replace('-', "_")
+    ));
+    let left_out = Cgroup::new(&format!("{top}/left-out"));
+    // Declared after the cgroups: dropped (ended) before them.
+    let inside = spinner(&Ruby::host(), &[], None);
+    pod.enter(inside.pid);
+    let excluded = spinner(&Ruby::host(), &[], None);
+    left_out.enter(excluded.pid);
+    let outside = spinner(&Ruby::host(), &[], None);
+    let server = Receiver::start();
+    let only = format!("cgroup:/{top}/");
+    let agent = Agent::start(
+        &server.url(),
+        &["--only", only.as_str(), "--exclude", "cgroup:/left-out"],
+        &[],
+    );
+    let pushes = server.wait_for(
+        "three pushes of the Ruby in the pod",
+        Duration::from_secs(30),
+        |p| of_pid(p, inside.pid).len() >= 3,
+    );
+    for p in of_pid(&pushes, inside.pid) {
+        assert_eq!(p.label("container_id"), id, "{p:#?}");
+        assert_eq!(p.label("pod_uid"), uid, "{p:#?}");
+        assert_eq!(p.hottest(), "Object#spin", "{p:#?}");
+    }
+    for (what, t) in [("excluded", &excluded), ("outside --only", &outside)] {
+        assert!(of_pid(&pushes, t.pid).is_empty(), "{what}: pushed all the same");
+    }
+    let said = agent.stop();
+    assert!(said.contains(" 0 failed"), "{said}");
+}
+
 /// Bad input: one line each, exit 1.
 #[test]
 fn agent_refuses_bad_input() {

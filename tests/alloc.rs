@@ -36,10 +36,7 @@ fn under(f: &Folded, method: &str) -> u64 {
 }
 
 fn report(ruby: &Ruby, run: &Run) -> String {
-    let mut lines: Vec<(u64, String)> = run.folded.stacks.iter().map(|(s, n)| (*n, s.join(";"))).collect();
-    lines.sort_by_key(|l| std::cmp::Reverse(l.0));
-    let top: Vec<String> = lines.iter().take(12).map(|(n, s)| format!("{n} {s}")).collect();
-    format!("Ruby {}:\n{}\n{}", ruby.name, top.join("\n"), run.stderr)
+    format!("Ruby {}:\n{}\n{}", ruby.name, run.folded.heaviest(12), run.stderr)
 }
 
 /// alloc_work.rb on `ruby`, recorded with `alloc ARGS` from before it

@@ -58,12 +58,7 @@ fn gc_frames(ruby: &Ruby) {
     let after = Stats::latest(&mut target);
     assert!(run.success, "Ruby {}: {}", ruby.name, run.stderr);
     let f = &run.folded;
-    let report = {
-        let mut lines: Vec<(u64, String)> = f.stacks.iter().map(|(s, n)| (*n, s.join(";"))).collect();
-        lines.sort_by_key(|l| std::cmp::Reverse(l.0));
-        let top: Vec<String> = lines.iter().take(15).map(|(n, s)| format!("{n} {s}")).collect();
-        format!("Ruby {}: {before:?} .. {after:?}\n{}", ruby.name, top.join("\n"))
-    };
+    let report = format!("Ruby {}: {before:?} .. {after:?}\n{}", ruby.name, f.heaviest(15));
     let major = under(f, "Object#collect", "[GC: marking (major)]");
     let sweep = under(f, "Object#collect", "[GC: sweeping]");
     let minor = under(f, "Object#churn", "[GC: marking (minor)]");
@@ -216,16 +211,11 @@ fn gc_waits(ruby: &Ruby) {
         ruby.name
     );
     let f = &run.folded;
-    let report = {
-        let mut lines: Vec<(u64, String)> = f.stacks.iter().map(|(s, n)| (*n, s.join(";"))).collect();
-        lines.sort_by_key(|l| std::cmp::Reverse(l.0));
-        let top: Vec<String> = lines.iter().take(15).map(|(n, s)| format!("{n} {s}")).collect();
-        format!(
-            "Ruby {}: the burst took {truth_ms} ms by GC.stat\n{}",
-            ruby.name,
-            top.join("\n")
-        )
-    };
+    let report = format!(
+        "Ruby {}: the burst took {truth_ms} ms by GC.stat\n{}",
+        ruby.name,
+        f.heaviest(15)
+    );
     let all = leaf_us(f, "[waiting for GC]");
     if truth_ms < 0.0 {
         assert_eq!(all, 0, "{report}");

@@ -313,6 +313,15 @@ pub struct Folded {
 }
 
 impl Folded {
+    /// The `n` heaviest stacks, a line each ("COUNT frame;frame;..."), for
+    /// a failing assertion to show.
+    pub fn heaviest(&self, n: usize) -> String {
+        let mut lines: Vec<(u64, String)> = self.stacks.iter().map(|(s, c)| (*c, s.join(";"))).collect();
+        lines.sort_by_key(|l| std::cmp::Reverse(l.0));
+        let top: Vec<String> = lines.iter().take(n).map(|(c, s)| format!("{c} {s}")).collect();
+        top.join("\n")
+    }
+
     /// Frames labelled `frame_label` in each stack whose leaf is labelled `leaf`.
     pub fn depths(&self, frame_label: &str, leaf: &str) -> Vec<usize> {
         self.stacks
