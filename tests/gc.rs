@@ -201,7 +201,7 @@ fn gc_waits(ruby: &Ruby) {
             .and_then(|v| v.parse().ok())
             .unwrap_or_else(|| panic!("{name} in {line:?}"))
     };
-    let (truth_ms, took) = (field("gc_ms"), field("seconds"));
+    let (truth_ms, longest_ms, took) = (field("gc_ms"), field("longest_ms"), field("seconds"));
     eprintln!("Ruby {}: the burst took {took} s", ruby.name);
     // It began after rprof said it records; 6 s of it leave room for a burst
     // that takes about 1 s alone and 2.5 s with both CPUs busy (measured).
@@ -244,18 +244,29 @@ fn gc_waits(ruby: &Ruby) {
     );
     assert_eq!(all, waited, "{report} (another thread waits on GC)");
     assert_eq!(under_spin, waited, "{report}");
-    // Ruby 3.1's GVL waiter that keeps time wakes itself every 100 ms, and a
+    // Ruby 3.1's GVL waiter that keeps time wakes itself every 100 ms; a
     // wake inside a collection step ends the wait before Ruby's clock counts
-    // the step: rprof holds such a wait's rest until the next wait ends
-    // (hold_gvl_wait in bpf/rprof.bpf.c). Before it did, 3.1 was 0.6% to
-    // 3.8% under in most runs and 18% and 19% in two of about 25; since,
-    // from 0.3% over to 4.5% under in 22 runs (14 idle, 8 beside a
-    // CPU-burning loop), before taking off the runnable time; 3.3 and 3.4
-    // within 1 ms throughout. Over: GC.stat(:time) is in whole ms.
+    // that step (README: what it does not measure). rprof holds the wait's
+    // rest until the next wait ends (hold_gvl_wait in bpf/rprof.bpf.c), which
+    // recovers most of it, but not all: this allows up to one step per 100
+    // ms of waiting on 3.1. Measured without the allowance, 2026-11-27: 0.3%
+    // over to 4.5% under GC.stat in 22 runs beside one or two CPU-burning
+    // loops; on an idle machine 5 of 6 runs within 0.2% and one 18% under
+    // (186.2 of 228 ms), a loss the hold does not reach (before it: 0.6% to
+    // 4.8% under, and 18% and 19% in two of about 25). 3.3 and 3.4 (a timer
+    // thread of their own): within 1 ms.
+    let wakes = if ruby.name == "3.1" {
+        let waiting = waited as f64 + leaf_us(&spinner, "[waiting for the GVL]") as f64;
+        (waiting / 100_000.0).ceil()
+    } else {
+        0.0
+    };
+    let lost_in_steps = wakes * (longest_ms + 1.0) * 1000.0;
     let slack = 0.05 * truth;
     assert!(
-        waited as f64 <= truth + slack && waited as f64 >= truth - runnable - slack,
-        "{report}\n(spinner waited {waited} us on GC, GC.stat {truth} us, runnable {runnable} us)"
+        waited as f64 <= truth + slack && waited as f64 >= truth - runnable - lost_in_steps - slack,
+        "{report}\n(spinner waited {waited} us on GC, GC.stat {truth} us, runnable {runnable} us, \
+         up to {lost_in_steps} us in steps its timekeeping wakes cut)"
     );
 }
 
