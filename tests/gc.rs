@@ -251,10 +251,10 @@ fn gc_waits(ruby: &Ruby) {
     // recovers most of it, but not all: this allows up to one step per 100
     // ms of waiting on 3.1. Measured without the allowance, 2026-11-27: 0.3%
     // over to 4.5% under GC.stat in 22 runs beside one or two CPU-burning
-    // loops; on an idle machine 5 of 6 runs within 0.2% and one 18% under
-    // (186.2 of 228 ms), a loss the hold does not reach (before it: 0.6% to
-    // 4.8% under, and 18% and 19% in two of about 25). 3.3 and 3.4 (a timer
-    // thread of their own): within 1 ms.
+    // loops; on an idle machine 10 of 12 runs within 0.2%, and two 18% and
+    // 20% under (186.2 of 228 ms, 196.2 of 246), a loss the hold does not
+    // reach (before it: 0.6% to 4.8% under, and 18% and 19% in two of about
+    // 25). 3.3 and 3.4 (a timer thread of their own): within 1 ms.
     let wakes = if ruby.name == "3.1" {
         let waiting = waited as f64 + leaf_us(&spinner, "[waiting for the GVL]") as f64;
         (waiting / 100_000.0).ceil()
