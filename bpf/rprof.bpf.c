@@ -1958,10 +1958,10 @@ static __always_inline void wall_in(struct task_struct *next, __u64 now)
 		gc = gc_waited(e);
 		release_held(e, gc > ns ? gc - ns : 0, old >> 1);
 		hold_gvl_wait(e, e->hash, e->syscall, ns, gc, now);
-	} else if (e->state == RPROF_WALL_GVL)
-		charge_gvl_wait(e, e->hash, e->syscall, ns, 0);
-	else
+	} else {
+		/* (a GVL wait without a GC clock has no GC part) */
 		charge_wait(e, e->hash, e->state, e->syscall, ns);
+	}
 }
 
 SEC("tp_btf/sched_switch")

@@ -370,7 +370,7 @@ fn handle(
         body.to_vec()
     };
     let req = PushRequest::decode(&raw[..]).expect("a PushRequest");
-    let request = Arc::new(raw.clone());
+    let request = Arc::new(raw);
     let mut s = state.lock().unwrap();
     let mut answer = (200, String::new());
     for series in &req.series {
