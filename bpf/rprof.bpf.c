@@ -1005,6 +1005,35 @@ static __always_inline bool add_wall_task(__u32 tid, __u32 slot, __u64 mark, __u
 	return !bpf_map_update_elem(&wall_tasks, &tid, t, BPF_NOEXIST);
 }
 
+/* wall: the GC's own clock (GC.stat(:time), ns) plus 1, of the process
+ * whose memory is the current one; 0 if it has none or cannot be read. */
+static __always_inline __u64 gc_clock_at(struct rprof_proc *p)
+{
+	__u64 a = 0, b = 0;
+
+	if (!p->gc_time_addr[0] || bpf_probe_read_user(&a, sizeof(a), (void *)p->gc_time_addr[0]) ||
+	    (p->gc_time_addr[1] && bpf_probe_read_user(&b, sizeof(b), (void *)p->gc_time_addr[1])))
+		return 0;
+	return a + b + 1;
+}
+
+/* wall: the GC's clock for a thread's owed GVL wait (settle_owed), at its
+ * first CPU sample after the wait. A thread that takes the GVL as the wait
+ * ends may run a whole time slice (Ruby 3.1: 100 ms) before it switches
+ * out, and all of that CPU time is left out of the wait's GC part there:
+ * a collection that ran in the wait, shorter than the slice, would count
+ * for nothing. Here the CPU time left out is at most a sampling period. */
+static __always_inline void note_owed_clock(struct rprof_proc *p, struct rprof_wall_task *e,
+					    struct task_struct *task)
+{
+	__u64 clock = gc_clock_at(p);
+
+	if (!clock)
+		return;
+	e->owed_ran = task->se.sum_exec_runtime - e->owed_exec;
+	e->owed_clock = clock;
+}
+
 /* wall: a CPU sample weighs the time on CPU since the thread's last mark
  * (its switch-in, or its previous sample), and the running time its
  * switch-outs left pending. So running time adds up exactly. */
@@ -1021,6 +1050,8 @@ static __always_inline __u64 wall_sample_weight(struct rprof_proc *p, __u32 tid,
 		add_wall_task(tid, FRESH_SAMPLE, (now << 1) | ON_CPU, 0, 0);
 		return since < now ? now - since : 0;
 	}
+	if (e->owed_ns && !e->owed_clock)
+		note_owed_clock(p, e, task);
 	since = __sync_lock_test_and_set(&e->mark, (now << 1) | ON_CPU);
 	if (!(since & ON_CPU))
 		weight = missed_switch_in(e, tid, task, since, now);
@@ -1689,18 +1720,6 @@ static __always_inline void unpend(struct rprof_wall_slot *sl, __u64 ns)
 		stat_add(RPROF_STAT_WALL_UNSEEN, ns);
 }
 
-/* wall: the GC's own clock (GC.stat(:time), ns) plus 1, of the process
- * whose memory is the current one; 0 if it has none or cannot be read. */
-static __always_inline __u64 gc_clock_at(struct rprof_proc *p)
-{
-	__u64 a = 0, b = 0;
-
-	if (!p->gc_time_addr[0] || bpf_probe_read_user(&a, sizeof(a), (void *)p->gc_time_addr[0]) ||
-	    (p->gc_time_addr[1] && bpf_probe_read_user(&b, sizeof(b), (void *)p->gc_time_addr[1])))
-		return 0;
-	return a + b + 1;
-}
-
 /* wall: how far the GC's clock ran in a GVL wait, from its opening to the
  * thread's wakeup: while a thread waits for the GVL, only the GVL's holder
  * can collect. (Capped at the wait by the caller: the clock is the
@@ -1782,27 +1801,35 @@ static __always_inline void release_held(struct rprof_wall_task *e, __u64 over, 
 				over > between ? over - between : 0);
 }
 
+/* wall: how far the GC's clock ran from an owed wait's opening to `clock`,
+ * less the CPU time `ran` the thread used after the wait (a collection it
+ * made itself, had it taken the GVL, took at most that). */
+static __always_inline __u64 owed_gc(struct rprof_wall_task *e, __u64 clock, __u64 ran)
+{
+	return clock > e->owed_gc_at + ran ? clock - e->owed_gc_at - ran : 0;
+}
+
 /* wall: a GVL wait that a thread of another process (an interrupt: Ruby
  * 3.1's waiter that keeps time wakes itself every 100 ms) ended is split
  * as the thread switches out again (not preempted: then at the switch-out
- * after), from its own memory, if it waits for the GVL again: the GC's
- * clock ran since the wait opened, less the CPU time the thread used in
- * between (a collection it made itself, had it taken the GVL, took at most
- * that). Otherwise all of it waited for the GVL. */
+ * after), from its own memory, if it waits for the GVL again: owed_gc at
+ * that switch-out or, if larger, at the thread's first CPU sample after the
+ * wait (note_owed_clock). Otherwise all of it waited for the GVL. */
 static __always_inline void settle_owed(struct rprof_proc *p, struct rprof_wall_task *e,
 					struct task_struct *task, __u32 state)
 {
-	__u64 ns = e->owed_ns, gc, clock, ran;
+	__u64 ns = e->owed_ns, gc, early;
 
 	e->owed_ns = 0;
+	early = e->owed_clock ? owed_gc(e, e->owed_clock, e->owed_ran) : 0;
+	e->owed_clock = 0;
 	if (state != RPROF_WALL_GVL || !e->owed_gc_at) {
 		release_held(e, 0, 0);
 		charge_gvl_wait(e, e->owed_hash, e->owed_syscall, ns, 0);
 		return;
 	}
-	clock = gc_clock_at(p);
-	ran = task->se.sum_exec_runtime - e->owed_exec;
-	gc = clock > e->owed_gc_at + ran ? clock - e->owed_gc_at - ran : 0;
+	gc = owed_gc(e, gc_clock_at(p), task->se.sum_exec_runtime - e->owed_exec);
+	gc = early > gc ? early : gc;
 	release_held(e, gc > ns ? gc - ns : 0, e->owed_end - ns);
 	hold_gvl_wait(e, e->owed_hash, e->owed_syscall, ns, gc, e->owed_end);
 }
@@ -1946,6 +1973,7 @@ static __always_inline void wall_in(struct task_struct *next, __u64 now)
 	ns = now - (old >> 1);
 	if (e->gc_at && e->state == RPROF_WALL_GVL && !e->gc_woke) {
 		/* Woken from outside its process: split as it switches out. */
+		e->owed_clock = 0;
 		e->owed_ns = ns;
 		e->owed_hash = e->hash;
 		e->owed_syscall = e->syscall;
@@ -2083,6 +2111,7 @@ static __always_inline void settle_owed_final(struct rprof_wall_task *e)
 {
 	__u64 ns = __sync_lock_test_and_set(&e->owed_ns, 0);
 
+	e->owed_clock = 0;
 	if (ns)
 		charge_gvl_wait(e, e->owed_hash, e->owed_syscall, ns, 0);
 	release_held(e, 0, 0);

@@ -482,6 +482,10 @@ struct rprof_wall_task {
 	__u64 owed_exec;
 	__u64 owed_end;
 	__u64 owed_gc_at;
+	/* ... and its GC clock and the CPU time the thread used since it, read
+	 * at the thread's first CPU sample after it (0: none yet) */
+	__u64 owed_clock;
+	__u64 owed_ran;
 	__s32 owed_syscall;
 	/* the last GVL wait's part not shown to be GC, held until the next GVL
 	 * wait ends (hold_gvl_wait): with its stack, call and end */

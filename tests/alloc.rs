@@ -165,3 +165,77 @@ fn alloc_refuses_native_frames() {
         "rprof: error: `alloc` records Ruby stacks only: leave out --native and --kernel"
     );
 }
+
+/// A Ruby whose layout names no allocation functions (Ruby 3.2 and 4.0:
+/// rprof has no such Ruby to check them on) is refused before recording,
+/// with one line, and left running. Shown on the host's Ruby read through
+/// its own layout less its `[alloc]` table, as a 3.2 or 4.0 is read
+/// through a layout without one.
+#[test]
+fn a_ruby_whose_allocation_functions_are_unknown_is_one_line() {
+    let ruby = Ruby::host();
+    let target = ruby.spawn("alloc_work.rb", &["1", "spin"]);
+    let path = format!(
+        "{}/ruby-structs/layouts/{}.toml",
+        env!("CARGO_MANIFEST_DIR"),
+        ruby.name
+    );
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let mut in_alloc = false;
+    let without: String = text
+        .lines()
+        .filter(|l| {
+            if l.starts_with('[') && l.ends_with(']') && !l.contains(' ') && l.len() > 2 {
+                in_alloc = *l == "[alloc]";
+            }
+            !in_alloc
+        })
+        .map(|l| format!("{l}\n"))
+        .collect();
+    assert!(
+        text.contains("[alloc]") && !without.contains("ext_allocator"),
+        "{without}"
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("no-alloc.toml");
+    std::fs::write(&file, &without).expect("write layout");
+    let env = [("RPROF_LAYOUT_FILE", file.to_str().expect("utf8"))];
+    let run = common::record_with_env(target.pid, &["-d", "1", "alloc"], &env);
+    assert_eq!(run.code, Some(1), "{}", run.stderr);
+    let error = run
+        .stderr
+        .lines()
+        .filter(|l| l.starts_with("rprof: error"))
+        .collect::<Vec<_>>();
+    assert_eq!(
+        error,
+        [format!(
+            "rprof: error: process {} runs Ruby {}, whose allocation functions rprof does not know: \
+             `alloc` works on Ruby 2.7, 3.1, 3.3 and 3.4",
+            target.pid,
+            host_version()
+        )],
+        "{}",
+        run.stderr
+    );
+    assert!(
+        !run.stderr.contains("recording"),
+        "refused only after recording began: {}",
+        run.stderr
+    );
+    let stat = std::fs::read_to_string(format!("/proc/{}/stat", target.pid)).expect("target alive");
+    let state = stat.rsplit(')').next().and_then(|s| s.split_whitespace().next());
+    assert!(
+        matches!(state, Some("R" | "S")),
+        "target after the refusal: {stat}"
+    );
+}
+
+/// RUBY_VERSION of the host's Ruby.
+fn host_version() -> String {
+    let out = std::process::Command::new("ruby")
+        .args(["-e", "print RUBY_VERSION"])
+        .output()
+        .expect("run ruby");
+    String::from_utf8(out.stdout).expect("utf8")
+}

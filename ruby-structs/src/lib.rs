@@ -513,4 +513,17 @@ mod tests {
         assert_eq!(nearest(RubyVersion::parse("2.6.0").expect("parses")), "2.7");
         assert!(layout_for(RubyVersion::parse("3.1.2").expect("parses")).is_ok());
     }
+
+    /// `alloc` is refused on a Ruby whose layout has no `[alloc]` table
+    /// (tests/alloc.rs shows the refusal on a real process): exactly the
+    /// ones whose allocation functions no real process has confirmed.
+    #[test]
+    fn allocation_functions_are_known_for_the_rubies_alloc_names() {
+        let known: Vec<&str> = LAYOUTS
+            .iter()
+            .filter(|(file, text)| parse(file, text).expect("layout parses").alloc.is_some())
+            .map(|(file, _)| *file)
+            .collect();
+        assert_eq!(known, ["2.7", "3.1", "3.3", "3.4"]);
+    }
 }
