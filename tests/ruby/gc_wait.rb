@@ -3,13 +3,16 @@
 # thread holds it. On SIGUSR1 the main thread makes a burst of minor
 # collections, each over 50,000 new strings (`collect`: the spinner waits
 # through each one), prints how long they took by GC.stat's clock (ms; -1 on
-# Ruby 2.7, which keeps none), and sleeps for good. Nothing collects before
-# or after the burst, so the recording's window need not be known to the ms.
+# Ruby 2.7, which keeps none) and how many were major, and sleeps for good.
+# Nothing collects before or after the burst, so the recording's window need
+# not be known to the ms.
 # (Minor, so that the spinner's frames, old objects, stay nameable: rprof
 # cannot vouch for an address across a major collection it did not read
-# before.)
+# before, and names such a frame [unknown]. So the strings are garbage once
+# `collect` returns: kept in a constant's array, as they were, enough of
+# them grew old to make one collection in five major, for want of free
+# slots.)
 KEEP = Array.new(200_000) { |i| "kept #{i}" }
-YOUNG = []
 
 def spin
   x = 0
@@ -17,8 +20,9 @@ def spin
 end
 
 def collect
-  YOUNG.replace(Array.new(50_000) { |i| "young #{i}" })
+  young = Array.new(50_000) { |i| "young #{i}" }
   GC.start(full_mark: false, immediate_sweep: true)
+  young.size
 end
 
 # The burst's GC time and its longest collection, in ms by GC.stat (-1, -1
@@ -43,6 +47,9 @@ end
 
 go = false
 trap("USR1") { go = true }
+# The heap grows to what `collect` needs before the burst: a collection
+# that finds too few free slots is major (Ruby 3.3's first one did).
+3.times { collect }
 started = Queue.new
 spinner = Thread.new do
   # Its native thread id is known once it runs.
@@ -54,8 +61,10 @@ $stdout.puts "ready spinner=#{started.pop}"
 $stdout.flush
 sleep 0.01 until go
 t = Process.clock_gettime(Process::CLOCK_MONOTONIC)
-ms, longest = burst(50)
+majors = GC.stat(:major_gc_count)
+ms, longest = burst(100)
+majors = GC.stat(:major_gc_count) - majors
 took = Process.clock_gettime(Process::CLOCK_MONOTONIC) - t
-$stdout.puts "burst gc_ms=#{ms} longest_ms=#{longest} seconds=#{took.round(3)}"
+$stdout.puts "burst gc_ms=#{ms} longest_ms=#{longest} majors=#{majors} seconds=#{took.round(3)}"
 $stdout.flush
 sleep
