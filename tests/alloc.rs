@@ -175,12 +175,7 @@ fn alloc_refuses_native_frames() {
 fn a_ruby_whose_allocation_functions_are_unknown_is_one_line() {
     let ruby = Ruby::host();
     let target = ruby.spawn("alloc_work.rb", &["1", "spin"]);
-    let path = format!(
-        "{}/ruby-structs/layouts/{}.toml",
-        env!("CARGO_MANIFEST_DIR"),
-        ruby.name
-    );
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let text = common::layout_text(&ruby.name);
     let mut in_alloc = false;
     let without: String = text
         .lines()

@@ -227,13 +227,9 @@ fn gc_waits(ruby: &Ruby) {
     }
     let spinner = f.of_thread(target.get("spinner"));
     let waited = leaf_us(&spinner, "[waiting for GC]");
-    let under_spin: u64 = spinner
-        .stacks
-        .iter()
-        .filter(|(s, _)| s.last().is_some_and(|l| l == "[waiting for GC]"))
-        .filter(|(s, _)| s.iter().any(|fr| label(fr) == "Object#spin"))
-        .map(|(_, n)| n)
-        .sum();
+    let spinner_gc = spinner.only(|s| s.last().is_some_and(|l| l == "[waiting for GC]"));
+    let spins = |s: &[String]| s.iter().any(|fr| label(fr) == "Object#spin");
+    let under_spin = spinner_gc.only(spins).total();
     // A spinner the kernel left waiting for a CPU during a collection (a
     // busy machine) was not waiting for the GVL then.
     let runnable = leaf_us(&spinner, "[runnable: CPU busy]") as f64;
@@ -245,31 +241,20 @@ fn gc_waits(ruby: &Ruby) {
         runnable / 1000.0,
         leaf_us(&spinner, "[waiting for the GVL]") as f64 / 1000.0
     );
-    let elsewhere: Vec<String> = f
-        .stacks
-        .iter()
-        .filter(|(s, _)| s.last().is_some_and(|l| l == "[waiting for GC]"))
-        .filter(|(s, _)| !s[0].ends_with(&format!("[{}]", target.get("spinner"))))
-        .map(|(s, n)| format!("{n} {}", s.join(";")))
-        .collect();
+    let spinner_root = format!("[{}]", target.get("spinner"));
+    let elsewhere =
+        f.only(|s| s.last().is_some_and(|l| l == "[waiting for GC]") && !s[0].ends_with(&spinner_root));
     assert_eq!(
         all,
         waited,
         "{report}\nanother thread waits on GC:\n{}",
-        elsewhere.join("\n")
+        elsewhere.heaviest(20)
     );
-    let not_under_spin: Vec<String> = spinner
-        .stacks
-        .iter()
-        .filter(|(s, _)| s.last().is_some_and(|l| l == "[waiting for GC]"))
-        .filter(|(s, _)| !s.iter().any(|fr| label(fr) == "Object#spin"))
-        .map(|(s, n)| format!("{n} {}", s.join(";")))
-        .collect();
     assert_eq!(
         under_spin,
         waited,
         "{report}\nthe spinner waits on GC outside Object#spin:\n{}",
-        not_under_spin.join("\n")
+        spinner_gc.only(|s| !spins(s)).heaviest(20)
     );
     // Ruby 3.1's GVL waiter that keeps time wakes itself every 100 ms, from
     // outside the process (a timer). When it takes the GVL at once, rprof

@@ -5,8 +5,6 @@
 
 mod common;
 
-use std::path::Path;
-
 use common::{record_args, record_with_env, Ruby};
 
 /// The offsets of each layout group (not its sizes, masks or type numbers),
@@ -90,12 +88,6 @@ const GROUPS: &[(&str, &[&str])] = &[
     ("gc", &["major_gc_count_from_count", "minor_gc_count_from_count"]),
 ];
 
-/// The layout file of Ruby `minor` ("3.3").
-fn layout_text(minor: &str) -> String {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("ruby-structs/layouts/{minor}.toml"));
-    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-}
-
 /// `text` with the offsets of `group` moved by 8 bytes; None if the layout
 /// has none of them (a Ruby that keeps no class ivars in an st_table).
 fn shifted(text: &str, group: &str, fields: &[&str]) -> Option<String> {
@@ -167,7 +159,7 @@ fn check_proof(name: &str) {
     let r = Ruby::named(name);
     let target = r.spawn("ratio.rb", &[]);
     let minor = minor_of(name);
-    let text = layout_text(minor);
+    let text = common::layout_text(minor);
     // The file itself is proven and used.
     let dir = tempfile::tempdir().expect("tempdir");
     let file = dir.path().join("layout.toml");

@@ -362,13 +362,13 @@ impl Folded {
     /// Samples of the thread whose root frame ends with `[tid]`.
     pub fn of_thread(&self, tid: &str) -> Folded {
         let suffix = format!("[{tid}]");
+        self.only(|s| s[0].ends_with(&suffix))
+    }
+
+    /// The stacks that `keep` keeps.
+    pub fn only(&self, keep: impl Fn(&[String]) -> bool) -> Folded {
         Folded {
-            stacks: self
-                .stacks
-                .iter()
-                .filter(|(s, _)| s[0].ends_with(&suffix))
-                .cloned()
-                .collect(),
+            stacks: self.stacks.iter().filter(|(s, _)| keep(s)).cloned().collect(),
         }
     }
 }
@@ -580,6 +580,12 @@ pub fn record_with_env(pid: u32, args: &[&str], env: &[(&str, &str)]) -> Run {
     let mut all = vec!["-p", &pid];
     all.extend_from_slice(args);
     run_record(&all, env)
+}
+
+/// The layout file of Ruby `minor` ("3.3").
+pub fn layout_text(minor: &str) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("ruby-structs/layouts/{minor}.toml"));
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
 /// Processes burning every CPU, as on a saturated production box, until dropped.
