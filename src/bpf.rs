@@ -514,6 +514,8 @@ impl Probe {
             // A fixed period, not a frequency: the kernel's perf_event_max_sample_rate
             // caps frequencies, and a period is exactly what the user asked for.
             attr.__bindgen_anon_1.sample_period = period_ns;
+            // An idle CPU's ticks run no program: its idle task is no Ruby.
+            attr.set_exclude_idle(1);
             // SAFETY: attr is initialised and outlives the call.
             let fd = unsafe {
                 libc::syscall(
