@@ -1,13 +1,72 @@
 #!/bin/bash
-# Runs every test binary, even after one fails (--no-fail-fast), and ends
-# with one line per suite and the name of each failed test, so that a failure
-# in one suite neither hides the others' results nor scrolls away.
+# Runs every test binary, even after one fails, and ends with one line per
+# suite and the name of each failed test, so that a failure in one suite
+# neither hides the others' results nor scrolls away.
+#
+# The suites run in two lanes at once (the machine has two CPUs, and most
+# tests wait on recordings), each suite's tests one at a time: every test
+# then runs beside another suite's, on a busy machine, which is where
+# rprof's bounds must hold anyway. The suites that look at every process on
+# the host (`agent`, `--all` in `processes`) would see the other lane's
+# Rubies: they run after the lanes, alone. The lanes are balanced by the
+# suites' times in CI (about 450 s each); a suite not named runs in lane B.
 set -uo pipefail
 cargo=${CARGO:-cargo}
-log=$(mktemp)
-trap 'rm -f "$log"' EXIT
-"$cargo" test --release --locked --workspace --no-fail-fast -- --test-threads=1 2>&1 | tee "$log"
-status=${PIPESTATUS[0]}
+lane_a="frames install layouts diff syscall browser top launch errors rprof"
+alone="agent processes"
+logs=$(mktemp -d)
+trap 'rm -rf "$logs"' EXIT
+
+# Each test binary as "name<TAB>kind<TAB>source<TAB>package dir<TAB>executable".
+"$cargo" test --release --locked --workspace --no-run --message-format=json 2>"$logs/build" >"$logs/json"
+status=$?
+if [ "$status" -ne 0 ]; then
+    cat "$logs/build"
+    exit "$status"
+fi
+python3 - "$logs/json" >"$logs/binaries" <<'EOF'
+import json, os, sys
+for line in open(sys.argv[1]):
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m.get("profile", {}).get("test"):
+        t = m["target"]
+        print("\t".join([t["name"], t["kind"][0], t["src_path"], os.path.dirname(m["manifest_path"]), m["executable"]]))
+EOF
+
+# Runs one suite as cargo would (from its package's directory), with
+# cargo's heading, so that the summary below reads both alike.
+run_suite() {
+    local name=$1 kind=$2 src=$3 dir=$4 exe=$5
+    if [ "$kind" = test ]; then
+        echo "     Running tests/$(basename "$src") ($exe)"
+    else
+        echo "     Running unittests $(basename "$src") ($exe)"
+    fi
+    (cd "$dir" && "$exe" --test-threads=1) 2>&1
+}
+
+# Runs the suites of lane $1 (a, b or alone) in order; the log holds their
+# output, the status file a line per failed suite.
+run_lane() {
+    local lane=$1 name kind src dir exe want
+    while IFS=$'\t' read -r name kind src dir exe; do
+        want=b
+        [[ " $lane_a " == *" $name "* ]] && want=a
+        [[ " $alone " == *" $name "* ]] && want=alone
+        [ "$want" = "$lane" ] || continue
+        run_suite "$name" "$kind" "$src" "$dir" "$exe" || echo "$name" >>"$logs/failed"
+    done <"$logs/binaries"
+}
+
+run_lane a >"$logs/a" &
+lane_a_pid=$!
+run_lane b >"$logs/b" &
+lane_b_pid=$!
+wait "$lane_a_pid" "$lane_b_pid"
+run_lane alone >"$logs/alone"
+"$cargo" test --release --locked --workspace --doc >"$logs/doc" 2>&1 || echo doc-tests >>"$logs/failed"
+cat "$logs/a" "$logs/b" "$logs/alone" "$logs/doc"
+
 echo
 echo "make test: one line per suite"
 awk '
@@ -23,5 +82,8 @@ awk '
         sub(/; 0 measured; 0 filtered out/, "")
         printf "  %-28s %s%s\n", suite, $0, failed[suite]
     }
-' "$log"
-exit "$status"
+' "$logs/a" "$logs/b" "$logs/alone" "$logs/doc"
+if [ -s "$logs/failed" ]; then
+    echo "failed suites: $(tr '\n' ' ' <"$logs/failed")"
+    exit 1
+fi
