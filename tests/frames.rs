@@ -630,9 +630,50 @@ fn check_deep(r: &Ruby) {
     );
 }
 
+/// CPU time so far, in clock ticks (10 ms), of process `pid`'s thread named
+/// `name` (threads.rb names its native threads).
+fn thread_ticks(pid: u32, name: &str) -> u64 {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .expect("the process lives")
+        .flatten()
+        .find(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == name))
+        .and_then(|t| std::fs::read_to_string(t.path().join("stat")).ok())
+        .and_then(|stat| {
+            // utime and stime: the 12th and 13th fields after the command's ")".
+            let rest: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+            Some(rest.get(11)?.parse::<u64>().ok()? + rest.get(12)?.parse::<u64>().ok()?)
+        })
+        .unwrap_or_else(|| panic!("no thread named {name} in process {pid}"))
+}
+
 fn check_threads(r: &Ruby) {
     let target = r.spawn("threads.rb", &[]);
-    let run = record(target.pid, &["-d", "3", "-F", "499"]);
+    let rprof = common::attach(target.pid, &["-d", "60", "-F", "499"]);
+    // Recorded until each thread has run enough for the bounds below (0.6 s
+    // of CPU for alpha, 0.4 s for beta: about 300 and 200 samples), not for
+    // a fixed time: on a busy machine they get less CPU a second, beta (which
+    // needs the GVL between chunks) least. 3 s used to give beta 17 samples
+    // beside another suite's tests.
+    let (alpha0, beta0) = (
+        thread_ticks(target.pid, "alpha"),
+        thread_ticks(target.pid, "beta"),
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(50);
+    loop {
+        let alpha = thread_ticks(target.pid, "alpha") - alpha0;
+        let beta = thread_ticks(target.pid, "beta") - beta0;
+        if alpha >= 60 && beta >= 40 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "Ruby {}: in 50 s alpha ran {alpha} and beta {beta} ticks",
+            r.name
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    rprof.interrupt();
+    let run = rprof.finish();
     assert!(run.success, "{}", run.stderr);
     let mut alpha = 0;
     let mut beta = 0;
