@@ -62,6 +62,17 @@ impl Sample {
     pub fn has(&self, flag: types::rprof_sample_flags) -> bool {
         self.header.flags & flag.0 != 0
     }
+
+    /// Whether BPF saw every iseq and method entry of the record old
+    /// (promoted): only a major GC can free or move them, so naming them
+    /// may wait (`Pace`). Not so where rprof cannot tell old objects.
+    pub fn code_is_old(&self) -> bool {
+        use types::rprof_frame_flags as F;
+        self.frames.iter().all(|f| {
+            (f.iseq == 0 || f.flags & F::RPROF_FRAME_ISEQ_OLD.0 != 0)
+                && (f.cme == 0 || f.flags & F::RPROF_FRAME_CME_OLD.0 != 0)
+        })
+    }
 }
 
 /// (stack hash, events) of a closed epoch.

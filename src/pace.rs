@@ -14,22 +14,29 @@ use std::time::{Duration, Instant};
 
 /// The recording loop's waits between readings.
 pub struct Pace {
-    /// The wait, in µs, while records come.
+    /// The wait, in µs, while urgent records come.
     busy_us: RangeInclusive<u64>,
-    /// When the last record came.
-    last_record: Instant,
+    /// When the last urgent record came: one whose code is young, or a
+    /// process's change. A record whose every iseq and method entry BPF saw
+    /// old can wait: only a major GC frees or moves old objects, and rprof
+    /// tells when one ran before it read (frames it cannot vouch for are
+    /// `[unknown]`, counted). A server's code is old a few GCs after boot:
+    /// its records then wake rprof as seldom as no records do, where each
+    /// wakeup took from the server's CPUs (Puma saturated under `wall`:
+    /// 370 wakeups a second, a third of rprof's CPU time).
+    last_urgent: Instant,
     /// The last reading stopped at a full batch: more is waiting.
     backlog: bool,
 }
 
 impl Pace {
-    /// The wait once no record came for [`Pace::QUIET`]. Each wakeup costs
-    /// tens of µs in a VM (bench/reader-cost).
+    /// The wait once no urgent record came for [`Pace::QUIET`]. Each wakeup
+    /// costs tens of µs in a VM (bench/reader-cost).
     const IDLE_US: RangeInclusive<u64> = 5_000..=15_000;
     const QUIET: Duration = Duration::from_millis(20);
 
     /// A pace for sampling every `period` (per CPU), for the calling
-    /// thread. While records come, it reads every 1/20 to 1/5 of a period
+    /// thread. While urgent records come, it reads every 1/20 to 1/5 of a period
     /// (0.1 to 0.4 ms at 499 Hz): a record's frames must be named before the
     /// target's GC frees their code (per-request code, churn), but each
     /// reading costs a wakeup, and records come at most once a period per
@@ -43,7 +50,7 @@ impl Pace {
         let us = period.as_micros() as u64;
         Self {
             busy_us: (us / 20).max(50)..=(us / 5).max(200),
-            last_record: Instant::now(),
+            last_urgent: Instant::now(),
             backlog: false,
         }
     }
@@ -53,7 +60,7 @@ impl Pace {
         if self.backlog {
             return;
         }
-        let range = if self.last_record.elapsed() < Self::QUIET {
+        let range = if self.last_urgent.elapsed() < Self::QUIET {
             self.busy_us.clone()
         } else {
             Self::IDLE_US
@@ -61,11 +68,12 @@ impl Pace {
         std::thread::sleep(Duration::from_micros(fastrand::u64(range)));
     }
 
-    /// A reading took `n` records; `full` if it stopped with more left.
-    pub fn read(&mut self, n: usize, full: bool) {
+    /// A reading stopped with more records left (`full`), or not; `urgent`
+    /// if one of them was.
+    pub fn read(&mut self, full: bool, urgent: bool) {
         self.backlog = full;
-        if n > 0 {
-            self.last_record = Instant::now();
+        if urgent {
+            self.last_urgent = Instant::now();
         }
     }
 }

@@ -58,6 +58,9 @@ pub struct Collector {
     /// `wall`: time of waits not walked, by kind, to share out as the epoch
     /// closes, with the epochs it has waited for a walked stack of its kind.
     wall_pending: Vec<(WallKind, u64, u32)>,
+    /// A record came since `take_urgent` that must be read soon: one with
+    /// young code (a minor GC may free it), or a process's change.
+    urgent: bool,
 }
 
 impl Collector {
@@ -79,7 +82,13 @@ impl Collector {
             native: None,
             named_ruby: HashMap::new(),
             wall_pending: Vec::new(),
+            urgent: false,
         }
+    }
+
+    /// Whether a record that must be read soon came since the last call.
+    pub fn take_urgent(&mut self) -> bool {
+        std::mem::take(&mut self.urgent)
     }
 
     /// Loads the native symbols of new files before their samples need them.
@@ -91,6 +100,7 @@ impl Collector {
 
     /// A record from BPF: a stack, or a change in the followed processes.
     pub fn on_record(&mut self, r: Record, processes: &mut Processes, probe: &mut Probe) -> Result<()> {
+        self.urgent |= !matches!(&r, Record::Sample(s) if s.code_is_old());
         match r {
             Record::Sample(s) => {
                 // Code loaded after rprof read the process's mappings.

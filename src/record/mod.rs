@@ -216,7 +216,7 @@ impl Session<'_> {
         loop {
             pace.sleep();
             let read = self.read_batch()?;
-            pace.read(read, read == bpf::BATCH);
+            pace.read(read == bpf::BATCH, self.collector.take_urgent());
             self.tick()?;
             if self.ended(&mut liveness) {
                 return Ok(());
