@@ -23,7 +23,7 @@ pub struct Pace {
     /// `[unknown]`, counted). A server's code is old a few GCs after boot:
     /// its records then wake rprof as seldom as no records do, where each
     /// wakeup took from the server's CPUs (Puma saturated under `wall`:
-    /// 370 wakeups a second, a third of rprof's CPU time).
+    /// 735 wakeups a second, a third of rprof's CPU time).
     last_urgent: Instant,
     /// The last reading stopped at a full batch: more is waiting.
     backlog: bool,
