@@ -45,9 +45,28 @@ fn record_phase(r: &Ruby, phase: &str, seconds: &str) -> Run {
     record_phase_at(r, phase, seconds, "499")
 }
 
+/// frames.rb's `phase` (a loop that burns CPU) recorded at `hz` until it
+/// has used `seconds` of CPU: on an idle machine about as long, on a busy
+/// one longer, with the same samples for the bounds each test sets (a 3 s
+/// recording gave Ruby 2.7's inject block 47 samples against the 50 needed,
+/// beside another suite's tests and a CPU-burning loop).
 fn record_phase_at(r: &Ruby, phase: &str, seconds: &str, hz: &str) -> Run {
     let target = r.spawn("frames.rb", &[phase]);
-    let run = record(target.pid, &["-d", seconds, "-F", hz]);
+    let cpu: f64 = seconds.parse().expect("seconds");
+    let rprof = common::attach(target.pid, &["-d", "120", "-F", hz]);
+    let start = common::cpu_seconds(target.pid);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(100);
+    while common::cpu_seconds(target.pid) - start < cpu {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "Ruby {}: {phase} used {:.2} s of CPU in 100 s",
+            r.name,
+            common::cpu_seconds(target.pid) - start
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    rprof.interrupt();
+    let run = rprof.finish();
     assert!(run.success, "Ruby {}: {}", r.name, run.stderr);
     assert_eq!(run.summary("failed"), 0, "Ruby {}: {}", r.name, run.stderr);
     run
