@@ -33,7 +33,12 @@ impl Pace {
     /// The wait once no urgent record came for [`Pace::QUIET`]. Each wakeup
     /// costs tens of µs in a VM (bench/reader-cost).
     const IDLE_US: RangeInclusive<u64> = 5_000..=15_000;
-    const QUIET: Duration = Duration::from_millis(20);
+    /// How long after the last urgent record the fast pace holds: long
+    /// enough that a program whose young code runs now and then (churn,
+    /// code compiled per request) stays read fast between its bursts,
+    /// not only while they last; before old code let rprof slow down, any
+    /// record kept it fast for 20 ms.
+    const QUIET: Duration = Duration::from_secs(1);
 
     /// A pace for sampling every `period` (per CPU), for the calling
     /// thread. While urgent records come, it reads every 1/20 to 1/5 of a period

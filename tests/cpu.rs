@@ -372,11 +372,13 @@ fn voluntary_switches(pid: u32) -> u64 {
 fn records_of_old_code_do_not_hurry_rprof() {
     let target = Ruby::host().spawn("old_code.rb", &[]);
     let pid = target.pid.to_string();
-    let rprof = common::record_in_background(&["-p", &pid, "-d", "4", "-F", "99"], &[]);
+    let rprof = common::record_in_background(&["-p", &pid, "-d", "6", "-F", "99"], &[]);
+    // rprof reads fast for its first second (src/pace.rs, QUIET), as after
+    // any record of young code: the window opens after it.
+    std::thread::sleep(Duration::from_millis(1500));
     let before = voluntary_switches(rprof.child.id());
     let window = std::time::Instant::now();
-    // A window of rprof's running, not a wait for a state.
-    std::thread::sleep(Duration::from_secs(2));
+    std::thread::sleep(Duration::from_secs(3));
     let per_s = (voluntary_switches(rprof.child.id()) - before) as f64 / window.elapsed().as_secs_f64();
     let run = rprof.finish();
     assert!(run.success, "{}", run.stderr);
