@@ -8,16 +8,24 @@
 # then runs beside another suite's, on a busy machine, which is where
 # rprof's bounds must hold anyway. The suites that look at every process on
 # the host (`agent`, and `--all` in `processes`) would see the other lane's
-# Rubies: they run after the lanes, alone (SUITE:TEST for one test of a
-# suite, which its lane skips). So do servers.rs, whose wrk saturates both
-# CPUs, and gc.rs, whose burst of collections must end in 10 s (ci54: it
-# did not, for all three Rubies, beside the other lane). The lanes are balanced by the suites' times
-# in CI beside each other (about 590 s each: frames.rs 390 s, wall.rs 220);
-# a suite not named runs in lane B.
+# Rubies: they run after the lanes, alone (SUITE:FILTER for the tests of a
+# suite whose names contain FILTER, which its lane skips). So do the tests
+# whose premise is a load they make themselves, which another suite's load
+# changes as its tests start and stop: servers.rs (wrk saturates both
+# CPUs); gc.rs, whose burst of collections must end in 10 s (ci54: it did
+# not, for all three Rubies, beside the other lane); the code churn tests
+# (frames.rs, on every Ruby: the last run saturates both CPUs itself, and
+# the [unknown] share follows how soon rprof reads; recordings.rs: what a
+# bounded recording holds follows the target's churn rate, which follows
+# the CPU it gets; ci53, two lanes and a CPU-burning loop, failed both).
+# The lanes are balanced by the suites' times in CI beside each other
+# (ci55: 670 and 690 s; frames.rs 510 s, wall.rs 330); a suite not named
+# runs in lane B.
 set -uo pipefail
 cargo=${CARGO:-cargo}
 lane_a="frames install layouts diff syscall browser top launch errors rprof"
-alone="agent processes:every_ruby_on_the_host_now_and_as_they_start gc servers"
+alone="agent processes:every_ruby_on_the_host_now_and_as_they_start gc servers
+       frames:code_churn_never_mislabels recordings:memory_stays_flat_under_code_churn"
 logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT
 
@@ -63,10 +71,10 @@ run_lane() {
             if [ "$entry" = "$name" ]; then
                 want=alone
             elif [ "${entry%%:*}" = "$name" ]; then
-                # One test alone, the rest in the suite's lane.
+                # Those tests alone, the rest in the suite's lane.
                 if [ "$lane" = alone ]; then
                     want=alone
-                    args=(--exact "${entry#*:}")
+                    args+=("${entry#*:}")
                 else
                     args+=(--skip "${entry#*:}")
                 fi
