@@ -120,6 +120,12 @@ volatile __u64 epoch;
  * open too (earlier sweeps leave them to their switch-in, which splits off
  * their GC time). */
 volatile bool wall_final;
+/* Set by userspace when the recording ends (bpf_ktime_get_ns's clock), before
+ * it detaches: from then on no program counts anything, and the last sweep
+ * counts open waits up to this moment. Detaching can take seconds on a busy
+ * machine (each tracepoint link waits for an RCU grace period), and what
+ * was counted meanwhile made a thread's time longer than the recording. */
+volatile __u64 stop_ns;
 
 /* Set by userspace before loading: unwind native (--native) and kernel
  * (--kernel) stacks too. */
@@ -503,6 +509,35 @@ static __always_inline void walk_stack(struct walk_ctx *w, __u64 ec, __u64 tp)
 		stat_inc(RPROF_STAT_TRUNCATED);
 }
 
+/* Whether the marking collection has set its kind: its kind's count is
+ * raised (major and minor counts add up to the collection's count). Ruby
+ * enters marking first and sets during_minor_gc a few instructions later:
+ * a sample between the two saw the last collection's kind (CI found a
+ * GC.start(full_mark: true) marking as minor). The counts lie between the
+ * flags and the count, in the bytes read_gc_time copied to s->cfps if it
+ * read both at once (`span` from the flags to the count); else read here. */
+static __always_inline bool gc_kind_set(struct rprof_proc *p, struct scratch *s, __u64 span,
+					__u64 count)
+{
+	__s64 major_at = (__s64)span + p->gc_major_from_count;
+	__s64 minor_at = (__s64)span + p->gc_minor_from_count;
+	__u64 major = 0, minor = 0;
+
+	if (!p->gc_major_from_count || !p->gc_minor_from_count)
+		return true;
+	if (p->gc_count_addr > p->gc_flags_addr && span <= CFP_BYTES - 8 && major_at >= 0 &&
+	    minor_at >= 0) {
+		major = *(__u64 *)(s->cfps + (major_at & (CFP_BYTES - 1)));
+		minor = *(__u64 *)(s->cfps + (minor_at & (CFP_BYTES - 1)));
+	} else if (bpf_probe_read_user(&major, sizeof(major),
+				       (void *)(p->gc_count_addr + p->gc_major_from_count)) ||
+		   bpf_probe_read_user(&minor, sizeof(minor),
+				       (void *)(p->gc_count_addr + p->gc_minor_from_count))) {
+		return false;
+	}
+	return major + minor == count;
+}
+
 /* The GC's time, read after the frames: they hold still while this thread
  * runs BPF, so the time read now also describes them (src/gc_time.rs). The
  * flags are read before the count, as the GC writes the count first. */
@@ -527,6 +562,8 @@ static __always_inline int read_gc_time(struct rprof_proc *p, struct scratch *s,
 		return -1;
 	}
 	marking = (flags & RPROF_GC_MODE_MASK) == RPROF_GC_MODE_MARKING;
+	if (marking && !gc_kind_set(p, s, span, count))
+		flags |= RPROF_GC_KIND_UNSET;
 	*time = count * 2 + (marking ? 0 : 1);
 	/* Inside a GC but in no phase, the count does not tell which side of its
 	 * marking this is: at its start (counted, not yet marking) or its end. */
@@ -569,6 +606,8 @@ __noinline __u32 gc_state_of(__u32 tgid, __u32 flags, __u64 th)
 	}
 	if ((flags & RPROF_GC_DURING_COMPACTING) && mode != RPROF_GC_MODE_MARKING)
 		return RPROF_GC_COMPACTING;
+	if (mode == RPROF_GC_MODE_MARKING && (flags & RPROF_GC_KIND_UNSET))
+		return RPROF_GC_MARKING;
 	if (mode == RPROF_GC_MODE_MARKING)
 		return (flags >> (p->gc_minor_bit & 31)) & 1 ? RPROF_GC_MARKING_MINOR
 							     : RPROF_GC_MARKING_MAJOR;
@@ -1322,6 +1361,8 @@ static __always_inline int on_event(void *ctx, __u32 event, const enum event_kin
 	struct walk_ctx w = {};
 	struct task_struct *task;
 
+	if (stop_ns)
+		return 0;
 	p = bpf_map_lookup_elem(&procs, &tgid);
 	if (!p) {
 		/* Followed, but not a Ruby rprof reads (yet: an exec'd program
@@ -1389,6 +1430,8 @@ static __always_inline int on_event_native(void *ctx, __u32 slot)
 	if (!p)
 		return 0;
 	finish(s, other_stacks(ctx, p, s, s->ruby_hash));
+	if (wall_mode)
+		wall_sampled(s->hdr.tid, s->hdr.hash);
 	return 0;
 }
 
@@ -2009,6 +2052,8 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 	struct rprof_wall_task *out;
 	__u64 now = bpf_ktime_get_ns();
 
+	if (stop_ns)
+		return 0;
 	/* Preempted (or yielding), the thread stays ready to run. */
 	out = wall_out(prev, preempt || prev_state == 0, now, &walk);
 	if (kernel_stacks && out && walk.tgid) {
@@ -2041,7 +2086,7 @@ int BPF_PROG(on_waking, struct task_struct *task)
 	struct rprof_wall_task *e;
 	struct rprof_proc *p;
 
-	if (task->tgid != (__u32)(bpf_get_current_pid_tgid() >> 32))
+	if (stop_ns || task->tgid != (__u32)(bpf_get_current_pid_tgid() >> 32))
 		return 0;
 	e = bpf_map_lookup_elem(&wall_tasks, &tid);
 	if (!e || !e->gc_at || e->gc_woke)
@@ -2126,6 +2171,19 @@ static __always_inline void settle_owed_final(struct rprof_wall_task *e)
 	release_held(e, 0, 0);
 }
 
+/* wall: `ns` of an open wait the sweep counts: to its stack, or (a wait
+ * the recording's stop found after its thread ran, whose stack cannot be
+ * read any more) pending in the slot of its kind. */
+static __always_inline void sweep_wait(struct rprof_wall_task *e, __u64 hash, __u64 ns)
+{
+	if (hash)
+		add_time(hash, ns);
+	else if (e->state)
+		unpend(slot_of(e, RPROF_WALL_KEY(e->state, e->syscall)), ns);
+	else
+		stat_add(RPROF_STAT_WALL_UNSEEN, ns);
+}
+
 /* wall, once an epoch and at the end: every followed thread, for userspace
  * (which reads the stacks of waits that have none); the time of each wait
  * with a stack is counted up to now, so long waits show in every epoch. */
@@ -2139,7 +2197,7 @@ int wall_sweep(struct bpf_iter__task *ctx)
 	struct rprof_proc *p;
 	__u64 now, mark, hash;
 	__u32 tid;
-	bool running;
+	bool running, unmoved;
 
 	if (!task)
 		return 0;
@@ -2168,13 +2226,17 @@ int wall_sweep(struct bpf_iter__task *ctx)
 		}
 	} else {
 		now = bpf_ktime_get_ns();
+		now = stop_ns && stop_ns < now ? stop_ns : now;
 		mark = READ_MARK(e);
 		out->seen = 1;
+		unmoved = task->se.sum_exec_runtime == e->exec;
 		/* Not if it has run since (a switch-in rprof did not see): its
-		 * own next event splits that interval. */
-		if (!(mark & ON_CPU) && task->se.sum_exec_runtime == e->exec) {
+		 * own next event splits that interval. Once the recording has
+		 * stopped, no event is counted: a wait open then lasted until
+		 * the stop, and its stack is read only if it has not run since. */
+		if (!(mark & ON_CPU) && (unmoved || stop_ns)) {
 			hash = seeded_hash(e, tid, mark);
-			if (!hash) {
+			if (!hash && unmoved) {
 				out->needs_stack = 1;
 				out->seed_mark = mark;
 				out->state = e->state;
@@ -2186,7 +2248,7 @@ int wall_sweep(struct bpf_iter__task *ctx)
 				 * sweep, all of it as waiting for the GVL. */
 			} else if ((mark >> 1) < now &&
 				   __sync_val_compare_and_swap(&e->mark, mark, now << 1) == mark) {
-				add_time(hash, now - (mark >> 1));
+				sweep_wait(e, hash, now - (mark >> 1));
 			}
 		}
 		if ((e->owed_ns || e->held_ns) && wall_final)

@@ -103,6 +103,12 @@ struct rprof_proc {
 	__u64 gc_time_addr[2];
 	/* objspace->flags' during_minor_gc bit: 9 (2.7, 3.1) or 10 (3.2+) */
 	__u32 gc_minor_bit;
+	/* profile.major_gc_count's and minor_gc_count's offsets from
+	 * profile.count: a collection's count is raised before it starts
+	 * marking, and its kind's count only after during_minor_gc is set for
+	 * it; until then the bit is the last collection's (see read_gc_time). */
+	__s32 gc_major_from_count;
+	__s32 gc_minor_from_count;
 	/* rb_thread_t, Ruby 3.3+: a Ruby thread without a dedicated native
 	 * thread (M:N) is named after itself, not after the native thread. */
 	__u32 th_dedicated_byte;
@@ -302,6 +308,9 @@ enum rprof_sample_flags {
 #define RPROF_GC_DURING_GC	   (1 << 5)
 #define RPROF_GC_DURING_COMPACTING (1 << 6)
 #define RPROF_GC_MODE_SWEEPING	   2
+/* rprof's own bit beside objspace->flags (which use fewer than 16): the
+ * collection marks, but has not yet said of which kind. */
+#define RPROF_GC_KIND_UNSET (1U << 31)
 
 /* What the collection a sampled thread runs was doing (none if no
  * collection, or another thread runs it). */
@@ -312,6 +321,7 @@ enum rprof_gc_state {
 	RPROF_GC_SWEEPING = 3,	 /* lazy sweeping's steps too */
 	RPROF_GC_COMPACTING = 4, /* a compacting GC past its marking */
 	RPROF_GC_OTHER = 5,	 /* in a GC, in no phase: its start or its end */
+	RPROF_GC_MARKING = 6,	 /* marking, its kind not yet set */
 };
 
 /* What a ring buffer record is: its first 32 bits. */

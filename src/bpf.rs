@@ -142,6 +142,8 @@ pub struct Probe {
     /// Detached: nothing counts waits at their end any more, so a sweep
     /// counts every wait still open (`wall_final` in BPF).
     detached: bool,
+    /// When the recording stopped (`stop_ns` in BPF; 0: it records).
+    stop_ns: u64,
     /// `wall` is attached: processes added from now on are accounted from
     /// when they are added.
     wall_started: bool,
@@ -296,6 +298,7 @@ impl Probe {
             process_links: HashMap::new(),
             epoch: 0,
             detached: false,
+            stop_ns: 0,
             wall_started: false,
             native: options.native_rows.is_some(),
             kernel: options.kernel,
@@ -799,6 +802,7 @@ impl Probe {
         let mut bss: types::bss = unsafe { std::mem::zeroed() };
         bss.epoch = self.epoch;
         bss.wall_final = self.detached;
+        bss.stop_ns = self.stop_ns;
         // SAFETY: `bss` is a plain C struct generated from the BPF object.
         let bytes = unsafe {
             std::slice::from_raw_parts((&bss as *const types::bss).cast::<u8>(), size_of::<types::bss>())
@@ -854,6 +858,17 @@ impl Probe {
                 stops
             },
         })
+    }
+
+    /// Ends the recording now: BPF counts nothing from here on, though its
+    /// programs stay attached until `detach` (which can take seconds on a
+    /// busy machine), and the last sweep counts open waits up to this
+    /// moment.
+    pub fn stop(&mut self) {
+        self.stop_ns = monotonic_ns();
+        if let Err(e) = self.write_bss() {
+            eprintln!("rprof: {e:#}");
+        }
     }
 
     /// Detaches from every event; what was collected can still be read.

@@ -255,6 +255,8 @@ impl RubyTarget {
             gc_flags_addr: self.gc.map_or(0, |g| g.flags),
             gc_count_addr: self.gc.map_or(0, |g| g.count),
             gc_minor_bit: l.gc.during_minor_gc_bit,
+            gc_major_from_count: l.gc.major_gc_count_from_count as i32,
+            gc_minor_from_count: l.gc.minor_gc_count_from_count as i32,
             gc_time_addr: self.gc.map_or([0; 2], |g| g.time_ns),
             th_dedicated_byte: l.thread.dedicated_nt_byte.unwrap_or(0),
             th_dedicated_mask: l.thread.dedicated_nt_mask.map_or(0, u32::from),

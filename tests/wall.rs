@@ -752,6 +752,31 @@ fn a_program_that_exits() {
     }
 }
 
+/// A detach that takes seconds (a busy kernel's, stood in for by
+/// RPROF_DETACH_DELAY_MS) adds nothing: every thread's time is the
+/// recording's, on CPU or not. Before BPF stopped counting at the stop, two
+/// `wall` recordings of storms side by side gave a thread 3.6, 5.5 and 15.8 s
+/// of a 3 s recording.
+#[test]
+fn a_slow_detach_adds_nothing() {
+    let target = Ruby::host().spawn("wall_states.rb", &[]);
+    let pid = target.pid.to_string();
+    let run = common::record_in_background(
+        &["-p", &pid, "--threads", "-d", "2", "wall"],
+        &[("RPROF_DETACH_DELAY_MS", "1500")],
+    )
+    .finish();
+    assert!(run.success, "{}", run.stderr);
+    for name in ["cpu1", "sleeper", "reader", "locker", "main"] {
+        let total = thread(&run.folded, &target, name).total() as f64 / 1e6;
+        // As parked_threads: within 5% of the recording (rprof's start).
+        assert!(
+            (total - 2.0).abs() <= 0.1,
+            "{name}: {total:.3} s of a 2 s recording"
+        );
+    }
+}
+
 /// `wall --kernel`: a wait's stack ends in the kernel frames of the call
 /// that blocked (wall_storm.rb's pinger, whose waits begin while rprof
 /// records: their stacks are walked as the thread leaves the CPU).

@@ -635,6 +635,8 @@ fn gc_label(state: u32) -> Option<&'static str> {
         G::RPROF_GC_MARKING_MAJOR => "[GC: marking (major)]",
         G::RPROF_GC_SWEEPING => "[GC: sweeping]",
         G::RPROF_GC_COMPACTING => "[GC: compacting]",
+        // Its first instructions, before Ruby says which kind it is.
+        G::RPROF_GC_MARKING => "[GC: marking]",
         _ => "[GC]",
     })
 }

@@ -327,9 +327,12 @@ impl Session<'_> {
         output: &recording::Output,
         format: Format,
     ) -> Result<(Option<Child>, StopSignals)> {
-        self.probe.detach();
-        // What was recorded: a starved rprof may take a while to name the rest.
+        self.probe.stop();
+        // What was recorded: a starved rprof may take a while to detach and
+        // to name the rest.
         let recorded = self.started.elapsed();
+        slow_detach_for_tests();
+        self.probe.detach();
         let ended = self
             .cfg
             .event
@@ -416,4 +419,18 @@ fn announce(cfg: &RecordConfig, roots: &[String]) {
 fn named(roots: &[String]) -> String {
     let noun = if roots.len() == 1 { "process" } else { "processes" };
     format!("{noun} {}", roots.join(", "))
+}
+
+/// RPROF_DETACH_DELAY_MS: a wait between the recording's stop and its
+/// detach, standing in for the seconds a busy kernel can take to detach
+/// (each tracepoint link waits for an RCU grace period: 2 to 12 s measured
+/// with two `wall` recordings of storms), so that a test can hold a
+/// recording's times to its duration whatever the detach takes.
+fn slow_detach_for_tests() {
+    if let Some(ms) = std::env::var("RPROF_DETACH_DELAY_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+    }
 }
