@@ -46,7 +46,11 @@ fn record_work(ruby: &Ruby, args: &[&str]) -> (Run, u64) {
     let mut cmd = ruby.command("alloc_work.rb", &[&N.to_string()]);
     cmd.stdin(Stdio::piped());
     let mut target = Target::start(&mut cmd);
-    let mut all = vec!["alloc"];
+    // Stopped once the program is done, not by a duration: rprof's default
+    // (10 s) ended a recording of Ruby 2.7 before the program was done
+    // (18,280 of 20,000 `mixed` rounds) beside the other lane and two
+    // CPU-bound programs.
+    let mut all = vec!["-d", "600", "alloc"];
     all.extend_from_slice(args);
     // Said once its probes are in: every allocation after this is seen.
     let rprof = attach(target.pid, &all);

@@ -28,8 +28,10 @@ fn spent(target: &mut Target) -> (f64, f64) {
 fn a_method_called_three_times_as_often_gets_its_share_of_cpu_time() {
     let mut target = Ruby::host().spawn("ratio.rb", &[]);
     let (thrice_before, once_before) = spent(&mut target);
-    let run = record(target.pid, &["-d", "3", "-F", "999"]);
-    assert!(run.success, "{}", run.stderr);
+    // Until ratio.rb has used 3 s of CPU (at 999 Hz, 1,500 samples need
+    // 1.5 s: a fixed 3 s gave 1,432 beside the other lane and two CPU-bound
+    // programs).
+    let run = common::record_cpu("ratio.rb", target.pid, (&["-F", "999"], &[]), 3.0);
     let (thrice_after, once_after) = spent(&mut target);
     let (thrice_ns, once_ns) = (thrice_after - thrice_before, once_after - once_before);
     let truth = thrice_ns / (thrice_ns + once_ns);

@@ -54,40 +54,14 @@ fn record_phase_at(r: &Ruby, phase: &str, seconds: &str, hz: &str) -> Run {
     let target = r.spawn("frames.rb", &[phase]);
     let cpu: f64 = seconds.parse().expect("seconds");
     let start = common::cpu_seconds(target.pid);
-    let run = record_until(r, target.pid, &["-d", "120", "-F", hz], 100, || {
+    let what = format!("Ruby {}", r.name);
+    let run = common::record_until(&what, target.pid, (&["-d", "120", "-F", hz], &[]), 100, || {
         let used = common::cpu_seconds(target.pid) - start;
         (used >= cpu)
             .then_some(())
             .ok_or_else(|| format!("{phase} used {used:.2} s of CPU"))
     });
     assert_eq!(run.summary("failed"), 0, "Ruby {}: {}", r.name, run.stderr);
-    run
-}
-
-/// Records `pid` with `args` until `enough` says the target has run what
-/// the test needs (polled every 20 ms; `Err` says how far it got), for at
-/// most `limit` seconds: tests of a busy machine wait for the premise of
-/// their bounds, not for a time that an idle machine needs.
-fn record_until(
-    r: &Ruby,
-    pid: u32,
-    args: &[&str],
-    limit: u64,
-    mut enough: impl FnMut() -> Result<(), String>,
-) -> Run {
-    let rprof = common::attach(pid, args);
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(limit);
-    while let Err(so_far) = enough() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "Ruby {}: in {limit} s, {so_far}",
-            r.name
-        );
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-    rprof.interrupt();
-    let run = rprof.finish();
-    assert!(run.success, "Ruby {}: {}", r.name, run.stderr);
     run
 }
 
@@ -356,8 +330,15 @@ fn check_callers(r: &Ruby) {
         })
         .collect();
     assert!(ruby_view.len() >= 4, "Ruby {}: {:?}", r.name, target.before_ready);
-    let run = record(target.pid, &["-d", "2", "-F", "499"]);
-    assert!(run.success, "{}", run.stderr);
+    // Until frames.rb has used 2 s of CPU (more than 100 samples in level3
+    // on a busy machine too: 96 in a fixed 2 s beside the other lane and two
+    // CPU-bound programs).
+    let run = common::record_cpu(
+        &format!("Ruby {}", r.name),
+        target.pid,
+        (&["-F", "499"], &[]),
+        2.0,
+    );
     let mut checked = 0;
     for (stack, n) in &run.folded.stacks {
         if ruby_leaf(stack).map(|f| label(f)) != Some("Object#level3") {
@@ -695,7 +676,8 @@ fn check_threads(r: &Ruby) {
         thread_ticks(target.pid, "alpha"),
         thread_ticks(target.pid, "beta"),
     );
-    let run = record_until(r, target.pid, &["-d", "60", "-F", "499"], 50, || {
+    let what = format!("Ruby {}", r.name);
+    let run = common::record_until(&what, target.pid, (&["-d", "60", "-F", "499"], &[]), 50, || {
         let alpha = thread_ticks(target.pid, "alpha") - alpha0;
         let beta = thread_ticks(target.pid, "beta") - beta0;
         (alpha >= 60 && beta >= 40)

@@ -456,6 +456,44 @@ pub fn children_of(pid: u32) -> Vec<u32> {
 
 /// The CPU time a live process has used so far, all its threads (ended ones
 /// too), in seconds: the kernel's own count, in nanoseconds.
+/// Records `pid` with `args` (and `env` for rprof) until `enough` says the
+/// target has run what the test needs (polled every 20 ms; `Err` says how
+/// far it got), for at most `limit` seconds (`what` names the target in the
+/// failure): tests of a busy machine wait for the premise of their bounds,
+/// not for a time that an idle machine needs. The recording must succeed.
+pub fn record_until(
+    what: &str,
+    pid: u32,
+    (args, env): (&[&str], &[(&str, &str)]),
+    limit: u64,
+    mut enough: impl FnMut() -> Result<(), String>,
+) -> Run {
+    let rprof = attach_with_env(pid, args, env);
+    let deadline = Instant::now() + Duration::from_secs(limit);
+    while let Err(so_far) = enough() {
+        assert!(Instant::now() < deadline, "{what}: in {limit} s, {so_far}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    rprof.interrupt();
+    let run = rprof.finish();
+    assert!(run.success, "{what}: {}", run.stderr);
+    run
+}
+
+/// `record_until` the process has used `cpu` seconds of CPU (at most 100 s
+/// of wall time).
+pub fn record_cpu(what: &str, pid: u32, (args, env): (&[&str], &[(&str, &str)]), cpu: f64) -> Run {
+    let start = cpu_seconds(pid);
+    let mut all = vec!["-d", "120"];
+    all.extend_from_slice(args);
+    record_until(what, pid, (&all, env), 100, || {
+        let used = cpu_seconds(pid) - start;
+        (used >= cpu)
+            .then_some(())
+            .ok_or_else(|| format!("it used {used:.2} s of CPU"))
+    })
+}
+
 pub fn cpu_seconds(pid: u32) -> f64 {
     let mut clock: libc::clockid_t = 0;
     // SAFETY: only asks for the id of the process's CPU-time clock.
@@ -681,6 +719,8 @@ fn run_record(args: &[&str], env: &[(&str, &str)]) -> Run {
 pub struct Attached {
     pub child: Child,
     stderr: BufReader<std::process::ChildStderr>,
+    /// Its stderr up to "recording".
+    said: String,
     out: PathBuf,
     _dir: tempfile::TempDir,
 }
@@ -689,7 +729,7 @@ pub fn attach(pid: u32, args: &[&str]) -> Attached {
     attach_with_env(pid, args, &[])
 }
 
-fn attach_with_env(pid: u32, args: &[&str], env: &[(&str, &str)]) -> Attached {
+pub fn attach_with_env(pid: u32, args: &[&str], env: &[(&str, &str)]) -> Attached {
     let mut all = vec!["--threads"];
     all.extend_from_slice(args);
     attach_merged_with_env(pid, &all, env)
@@ -721,12 +761,22 @@ pub fn record_in_background(args: &[&str], env: &[(&str, &str)]) -> Attached {
         .spawn()
         .expect("start rprof");
     let mut stderr = BufReader::new(child.stderr.take().expect("stderr"));
-    let mut first = String::new();
-    stderr.read_line(&mut first).expect("rprof announces itself");
-    assert!(first.contains("recording"), "{first}");
+    // What rprof says before the line that it records (RPROF_SAY_TABLES,
+    // say) is kept for the run's stderr; that line is not.
+    let mut said = String::new();
+    loop {
+        let mut line = String::new();
+        let n = stderr.read_line(&mut line).expect("rprof announces itself");
+        assert!(n > 0, "rprof ended before recording: {said}");
+        if line.contains("recording") {
+            break;
+        }
+        said.push_str(&line);
+    }
     Attached {
         child,
         stderr,
+        said,
         out,
         _dir: dir,
     }
@@ -752,7 +802,7 @@ impl Attached {
     /// Waits for rprof to end and reads what it printed and wrote.
     pub fn finish(mut self) -> Run {
         let status = self.child.wait().expect("rprof ends");
-        let mut stderr = String::new();
+        let mut stderr = std::mem::take(&mut self.said);
         std::io::Read::read_to_string(&mut self.stderr, &mut stderr).expect("stderr");
         assert!(!stderr.contains("panicked"), "rprof panicked: {stderr}");
         let folded = std::fs::read_to_string(&self.out)
