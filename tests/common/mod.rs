@@ -454,8 +454,6 @@ pub fn children_of(pid: u32) -> Vec<u32> {
         .collect()
 }
 
-/// The CPU time a live process has used so far, all its threads (ended ones
-/// too), in seconds: the kernel's own count, in nanoseconds.
 /// Records `pid` with `args` (and `env` for rprof) until `enough` says the
 /// target has run what the test needs (polled every 20 ms; `Err` says how
 /// far it got), for at most `limit` seconds (`what` names the target in the
@@ -494,6 +492,8 @@ pub fn record_cpu(what: &str, pid: u32, (args, env): (&[&str], &[(&str, &str)]),
     })
 }
 
+/// The CPU time a live process has used so far, all its threads (ended ones
+/// too), in seconds: the kernel's own count, in nanoseconds.
 pub fn cpu_seconds(pid: u32) -> f64 {
     let mut clock: libc::clockid_t = 0;
     // SAFETY: only asks for the id of the process's CPU-time clock.
