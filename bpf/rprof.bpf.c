@@ -515,9 +515,9 @@ static __always_inline void walk_stack(struct walk_ctx *w, __u64 ec, __u64 tp)
  * a sample between the two saw the last collection's kind (CI found a
  * GC.start(full_mark: true) marking as minor). The counts lie between the
  * flags and the count, in the bytes read_gc_time copied to s->cfps if it
- * read both at once (`span` from the flags to the count); else read here. */
-static __always_inline bool gc_kind_set(struct rprof_proc *p, struct scratch *s, __u64 span,
-					__u64 count)
+ * `copied` both at once (`span` from the flags to the count); else read here. */
+static __always_inline bool gc_kind_set(struct rprof_proc *p, struct scratch *s, bool copied,
+					__u64 span, __u64 count)
 {
 	__s64 major_at = (__s64)span + p->gc_major_from_count;
 	__s64 minor_at = (__s64)span + p->gc_minor_from_count;
@@ -525,8 +525,7 @@ static __always_inline bool gc_kind_set(struct rprof_proc *p, struct scratch *s,
 
 	if (!p->gc_major_from_count || !p->gc_minor_from_count)
 		return true;
-	if (p->gc_count_addr > p->gc_flags_addr && span <= CFP_BYTES - 8 && major_at >= 0 &&
-	    minor_at >= 0) {
+	if (copied && major_at >= 0 && minor_at >= 0) {
 		major = *(__u64 *)(s->cfps + (major_at & (CFP_BYTES - 1)));
 		minor = *(__u64 *)(s->cfps + (minor_at & (CFP_BYTES - 1)));
 	} else if (bpf_probe_read_user(&major, sizeof(major),
@@ -545,13 +544,14 @@ static __always_inline int read_gc_time(struct rprof_proc *p, struct scratch *s,
 					__u32 *sample_flags, __u32 *gc_flags)
 {
 	__u64 span = p->gc_count_addr - p->gc_flags_addr;
+	/* Both words in one read when they are close (they are 0.4 to 1.4 KiB
+	 * apart in Ruby 2.7 to 3.4): a read costs more than the bytes it copies. */
+	bool copied = p->gc_count_addr > p->gc_flags_addr && span <= CFP_BYTES - 8;
 	__u32 flags = 0;
 	__u64 count = 0;
 	bool marking;
 
-	/* Both words in one read when they are close (they are 0.4 to 1.4 KiB
-	 * apart in Ruby 2.7 to 3.4): a read costs more than the bytes it copies. */
-	if (p->gc_count_addr > p->gc_flags_addr && span <= CFP_BYTES - 8) {
+	if (copied) {
 		if (bpf_probe_read_user(s->cfps, CLAMPED(span + 8, CFP_BYTES),
 					(void *)p->gc_flags_addr))
 			return -1;
@@ -562,7 +562,7 @@ static __always_inline int read_gc_time(struct rprof_proc *p, struct scratch *s,
 		return -1;
 	}
 	marking = (flags & RPROF_GC_MODE_MASK) == RPROF_GC_MODE_MARKING;
-	if (marking && !gc_kind_set(p, s, span, count))
+	if (marking && !gc_kind_set(p, s, copied, span, count))
 		flags |= RPROF_GC_KIND_UNSET;
 	*time = count * 2 + (marking ? 0 : 1);
 	/* Inside a GC but in no phase, the count does not tell which side of its

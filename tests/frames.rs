@@ -53,14 +53,8 @@ fn record_phase(r: &Ruby, phase: &str, seconds: &str) -> Run {
 fn record_phase_at(r: &Ruby, phase: &str, seconds: &str, hz: &str) -> Run {
     let target = r.spawn("frames.rb", &[phase]);
     let cpu: f64 = seconds.parse().expect("seconds");
-    let start = common::cpu_seconds(target.pid);
-    let what = format!("Ruby {}", r.name);
-    let run = common::record_until(&what, target.pid, (&["-d", "120", "-F", hz], &[]), 100, || {
-        let used = common::cpu_seconds(target.pid) - start;
-        (used >= cpu)
-            .then_some(())
-            .ok_or_else(|| format!("{phase} used {used:.2} s of CPU"))
-    });
+    let what = format!("Ruby {}, {phase}", r.name);
+    let run = common::record_cpu(&what, target.pid, (&["-F", hz], &[]), cpu);
     assert_eq!(run.summary("failed"), 0, "Ruby {}: {}", r.name, run.stderr);
     run
 }

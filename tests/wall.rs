@@ -760,9 +760,9 @@ fn a_program_that_exits() {
 #[test]
 fn a_slow_detach_adds_nothing() {
     let target = Ruby::host().spawn("wall_states.rb", &[]);
-    let pid = target.pid.to_string();
-    let run = common::record_in_background(
-        &["-p", &pid, "--threads", "-d", "2", "wall"],
+    let run = common::attach_with_env(
+        target.pid,
+        &["-d", "2", "wall"],
         &[("RPROF_DETACH_DELAY_MS", "1500")],
     )
     .finish();
