@@ -515,7 +515,8 @@ static __always_inline void walk_stack(struct walk_ctx *w, __u64 ec, __u64 tp)
  * a sample between the two saw the last collection's kind (CI found a
  * GC.start(full_mark: true) marking as minor). The counts lie between the
  * flags and the count, in the bytes read_gc_time copied to s->cfps if it
- * `copied` both at once (`span` from the flags to the count); else read here. */
+ * read both at once (`copied`; `span` from the flags to the count); else
+ * read here. */
 static __always_inline bool gc_kind_set(struct rprof_proc *p, struct scratch *s, bool copied,
 					__u64 span, __u64 count)
 {
