@@ -36,13 +36,20 @@ if [ "$status" -ne 0 ]; then
     cat "$logs/build"
     exit "$status"
 fi
+# In name order: cargo lists them as their builds end, which differs from one
+# machine to the next, and with it which suites run beside each other (the
+# official CI's frames.rs met processes.rs's CPU-bound Rubies, this
+# machine's did not); every machine now runs the same pairs.
 python3 - "$logs/json" >"$logs/binaries" <<'EOF'
 import json, os, sys
+rows = []
 for line in open(sys.argv[1]):
     m = json.loads(line)
     if m.get("reason") == "compiler-artifact" and m.get("executable") and m.get("profile", {}).get("test"):
         t = m["target"]
-        print("\t".join([t["name"], t["kind"][0], t["src_path"], os.path.dirname(m["manifest_path"]), m["executable"]]))
+        rows.append([t["name"], t["kind"][0], t["src_path"], os.path.dirname(m["manifest_path"]), m["executable"]])
+for row in sorted(rows):
+    print("\t".join(row))
 EOF
 
 # Runs one suite as cargo would (from its package's directory), with

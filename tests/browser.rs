@@ -37,7 +37,7 @@ fn ok(out: Output) -> (String, String) {
 /// `dir/rec.rprof`.
 fn recording(dir: &Path) -> PathBuf {
     let rec = dir.join("rec.rprof");
-    common::record_diff_work("2", "2", &rec, &[]);
+    common::record_diff_work("2", 2.0, &rec, &[]);
     rec
 }
 

@@ -61,8 +61,8 @@ fn a_method_called_three_times_as_often_gets_its_share_of_cpu_time() {
 fn each_thread_gets_its_own_stack_even_without_the_gvl() {
     let target = Ruby::host().spawn("threads.rb", &[]);
     let (alpha, beta) = (target.get("alpha").to_string(), target.get("beta").to_string());
-    let run = record(target.pid, &["-d", "3", "-F", "499"]);
-    assert!(run.success, "{}", run.stderr);
+    // Until each has run 1 s (about 500 samples), however busy the machine.
+    let run = common::record_threads_cpu("threads.rb", target.pid, &["-F", "499"], 2, 1.0);
     for (stack, n) in &run.folded.stacks {
         let has_alpha = stack.iter().any(|f| label(f).contains("alpha_"));
         let has_beta = stack.iter().any(|f| label(f).contains("beta_"));
@@ -245,18 +245,10 @@ fn a_recording_can_be_rendered_again_in_another_format() {
     let target = Ruby::host().spawn("ratio.rb", &[]);
     let dir = tempfile::tempdir().expect("tempdir");
     let rec = dir.path().join("rec.rprof");
-    let out = rprof(&[
-        "record",
-        "-p",
-        &target.pid.to_string(),
-        "-d",
-        "1",
-        "--format",
-        "rprof",
-        "-o",
-        rec.to_str().expect("utf8"),
-    ]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // Until it has used 1 s of CPU (thrice's three quarters: about 75
+    // samples at rprof's 99 Hz), however busy the machine.
+    let args = ["--format", "rprof", "-o", rec.to_str().expect("utf8")];
+    common::record_cpu_to("ratio.rb", target.pid, &args, 1.0);
     let folded = dir.path().join("again.folded");
     let out = rprof(&[
         "report",
@@ -290,12 +282,14 @@ fn a_full_ring_buffer_loses_samples_that_are_counted_and_reported() {
     // A 4 KiB ring buffer cannot hold one 1,500-frame stack (36 KiB): every
     // stack is refused, and every sample must show up as lost, none vanish.
     let target = Ruby::host().spawn("deep.rb", &["1500"]);
-    let run = common::record_with_env(
+    // Until it has used 1 s of CPU (about 500 samples), however busy the
+    // machine.
+    let run = common::record_cpu(
+        "deep.rb",
         target.pid,
-        &["-d", "1", "-F", "499"],
-        &[("RPROF_RING_BYTES", "4096")],
+        (&["-F", "499"], &[("RPROF_RING_BYTES", "4096")]),
+        1.0,
     );
-    assert!(run.success, "{}", run.stderr);
     let samples = run.summary("samples");
     let lost = run.summary("lost");
     assert!(samples > 200, "{}", run.stderr);

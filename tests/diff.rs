@@ -24,10 +24,10 @@ fn ok(out: Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// diff_work.rb with `scaled` run `n` times a round, recorded for
-/// `seconds` at 499 Hz into `out` (.rprof).
-fn record_work(n: &str, seconds: &str, out: &Path, event: &str) {
-    common::record_diff_work(n, seconds, out, &["-F", "499", event]);
+/// diff_work.rb with `scaled` run `n` times a round, recorded at 499 Hz
+/// into `out` (.rprof) until it has used `cpu` seconds of CPU.
+fn record_work(n: &str, cpu: f64, out: &Path, event: &str) {
+    common::record_diff_work(n, cpu, out, &["-F", "499", event]);
 }
 
 /// A row of the diff table: self before, self after, change, total before,
@@ -71,8 +71,10 @@ fn fill(svg: &str, name: &str) -> (u8, u8, u8) {
 /// `scaled` goes from a third of the time to half (+16.7 points), `first`
 /// and `second` from a third to a quarter (-8.3 each): `scaled` leads the
 /// table, red in the flame graph, the others blue; `report --diff` says
-/// the same, and so do recordings of different lengths (3 s and 2 s). The
-/// changes are shares of CPU samples (1,500 and 1,000). Measured: with
+/// the same, and so do recordings of different lengths (until the program
+/// has used 3 s and 2 s of CPU: 1,500 and 1,000 samples however busy the
+/// machine; the official CI's fixed 3 s and 2 s, beside another suite's
+/// CPU-bound tests, once failed this test). Measured: with
 /// both 3 s, 42 runs (32 idle, 10 with both CPUs busy): `scaled` +14.8 to
 /// +18.8, the others -6.2 to -11.2 (one 3 s recording's method may be 2.5
 /// points off its third); 3 s against 2 s, 14 runs (6 busy): +15.7 to
@@ -83,8 +85,8 @@ fn a_method_made_slower_is_the_top_grower() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (before, after) = (dir.path().join("before.rprof"), dir.path().join("after.rprof"));
     // Of different lengths: shares compare all the same.
-    record_work("1", "3", &before, "cpu");
-    record_work("2", "2", &after, "cpu");
+    record_work("1", 3.0, &before, "cpu");
+    record_work("2", 2.0, &after, "cpu");
     let diff = ok(rprof(&[
         "diff",
         path(&before),
@@ -143,7 +145,7 @@ fn a_method_made_slower_is_the_top_grower() {
 fn a_recording_against_itself_changes_nothing() {
     let dir = tempfile::tempdir().expect("tempdir");
     let rec = dir.path().join("rec.rprof");
-    record_work("1", "3", &rec, "cpu");
+    record_work("1", 3.0, &rec, "cpu");
     let table = ok(rprof(&["diff", path(&rec), path(&rec), "--format", "summary"]));
     let rows = rows(&table);
     assert!(rows.len() >= 3, "{table}");
@@ -180,8 +182,8 @@ fn a_recording_against_itself_changes_nothing() {
 fn what_does_not_compare_is_refused() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (cpu, wall) = (dir.path().join("cpu.rprof"), dir.path().join("wall.rprof"));
-    record_work("1", "1", &cpu, "cpu");
-    record_work("1", "1", &wall, "wall");
+    record_work("1", 1.0, &cpu, "cpu");
+    record_work("1", 1.0, &wall, "wall");
     for (args, says) in [
         (vec!["diff", path(&cpu), path(&wall)], "record different things"),
         (

@@ -216,8 +216,9 @@ fn nothing_to_profile() {
 #[test]
 fn force_version_picks_the_layout_the_proof_decides() {
     let target = Ruby::named("3.4").spawn("ratio.rb", &[]);
-    let run = common::record(target.pid, &["-d", "1", "--force-version", "3.4"]);
-    assert!(run.success, "{}", run.stderr);
+    // Until it has used 1 s of CPU (about 75 samples in thrice), however
+    // busy the machine.
+    let run = common::record_cpu("ratio.rb", target.pid, (&["--force-version", "3.4"], &[]), 1.0);
     assert!(
         run.stderr.contains("with the Ruby 3.4 layout (--force-version)"),
         "{}",

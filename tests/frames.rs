@@ -227,8 +227,9 @@ fn check_cfuncs(r: &Ruby) {
 /// 3 CI runs with a CPU burner (1.14% and 1.19%).
 fn check_starved(r: &Ruby) {
     let target = r.spawn("frames.rb", &["minor_gcs"]);
-    let run = record_starved(target.pid, &["-d", "3", "-F", "499"]);
-    assert!(run.success, "Ruby {}: {}", r.name, run.stderr);
+    // Until it has used 1.5 s of CPU (about 750 samples): a fixed 3 s gives
+    // it what the burners and the other suite's tests leave.
+    let run = record_starved(target.pid, &["-F", "499"], 1.5);
     let wanted = ["Array#sum", "Integer#times", "Kernel#loop", "Object#minor_gcs"];
     check_c_frames(r, &run, &wanted, "Array#sum");
 }
@@ -520,8 +521,10 @@ fn check_mn_threads(r: &Ruby) {
         "Ruby {}: {native} native threads for {ruby_threads} Ruby threads: M:N is off",
         r.name
     );
-    let run = record(target.pid, &["-d", "4", "-F", "499"]);
-    assert!(run.success, "Ruby {}: {}", r.name, run.stderr);
+    // Until it has used 3 s of CPU (about 190 samples a Ruby thread),
+    // however busy the machine.
+    let what = format!("Ruby {}", r.name);
+    let run = common::record_cpu(&what, target.pid, (&["-F", "499"], &[]), 3.0);
     let mut per_thread = BTreeMap::new();
     for (stack, n) in &run.folded.stacks {
         let Some(work) = stack
@@ -550,8 +553,11 @@ fn check_mn_threads(r: &Ruby) {
 /// each on its own threads, at the right line.
 fn check_ractors(r: &Ruby) {
     let target = r.spawn("ractors.rb", &[]);
-    let run = record(target.pid, &["-d", "3", "-F", "499"]);
-    assert!(run.success, "Ruby {}: {}", r.name, run.stderr);
+    // Recorded until each Ractor's thread has run 1.5 s (about 750 samples
+    // at 499 Hz), not for a fixed time: beside another suite's CPU-bound
+    // Rubies the official CI's 3 s gave each Ractor 235 to 273 samples.
+    let what = format!("Ruby {}", r.name);
+    let run = common::record_threads_cpu(&what, target.pid, &["-F", "499"], 2, 1.5);
     let hot = hot_lines_in("ractors.rb");
     let mut threads: BTreeMap<&str, std::collections::BTreeSet<String>> = BTreeMap::new();
     for tag in ["alpha", "beta"] {
@@ -665,13 +671,18 @@ fn check_threads(r: &Ruby) {
     // of CPU for alpha, 0.4 s for beta: about 300 and 200 samples), not for
     // a fixed time: on a busy machine they get less CPU a second, beta (which
     // needs the GVL between chunks) least. 3 s used to give beta 17 samples
-    // beside another suite's tests.
-    let (alpha0, beta0) = (
-        thread_ticks(target.pid, "alpha"),
-        thread_ticks(target.pid, "beta"),
-    );
+    // beside another suite's tests. Counted from the first call, once rprof
+    // records.
+    let ticks = || {
+        (
+            thread_ticks(target.pid, "alpha"),
+            thread_ticks(target.pid, "beta"),
+        )
+    };
+    let mut start = None;
     let what = format!("Ruby {}", r.name);
     let run = common::record_until(&what, target.pid, (&["-d", "60", "-F", "499"], &[]), 50, || {
+        let (alpha0, beta0) = *start.get_or_insert_with(ticks);
         let alpha = thread_ticks(target.pid, "alpha") - alpha0;
         let beta = thread_ticks(target.pid, "beta") - beta0;
         (alpha >= 60 && beta >= 40)

@@ -6,9 +6,10 @@
 
 mod common;
 
+use std::io::{BufRead, BufReader, Read};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
 
 use common::{label, line, rprof, Folded, Ruby};
@@ -267,7 +268,9 @@ fn the_deb_installs_a_working_rprof_with_its_man_page_and_agent_service_and_remo
 }
 
 /// The release binary with these file capabilities, run as `nobody` against
-/// a Ruby running as root (`event`: extra arguments): its exit, and its stderr.
+/// a Ruby running as root (`event`: extra arguments): its exit, and its
+/// stderr. One that records does so until the Ruby has used 1.5 s of CPU
+/// (however busy the machine), then gets Ctrl-C.
 fn record_with_caps(caps: &str, pid: u32, out_dir: &Path, event: &[&str]) -> (bool, String) {
     let (bin, _) = release();
     let dir = tempfile::tempdir().expect("tempdir");
@@ -280,7 +283,7 @@ fn record_with_caps(caps: &str, pid: u32, out_dir: &Path, event: &[&str]) -> (bo
         "setcap: {}",
         String::from_utf8_lossy(&set.stderr)
     );
-    let out = run(Command::new("setpriv")
+    let mut child = Command::new("setpriv")
         .args(["--reuid=nobody", "--regid=nogroup", "--clear-groups"])
         .arg(&copy)
         .args([
@@ -288,17 +291,33 @@ fn record_with_caps(caps: &str, pid: u32, out_dir: &Path, event: &[&str]) -> (bo
             "-p",
             &pid.to_string(),
             "-d",
-            "1",
+            "120",
             "--format",
             "folded",
             "-o",
         ])
         .arg(out_dir.join("out.folded"))
-        .args(event));
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+        .args(event)
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run setpriv");
+    let mut stderr = BufReader::new(child.stderr.take().expect("stderr"));
+    let mut said = String::new();
+    while stderr.read_line(&mut said).expect("rprof's stderr") > 0 {
+        if said
+            .lines()
+            .last()
+            .is_some_and(|l| l.starts_with("rprof: recording"))
+        {
+            common::wait_for("the Ruby", 100, common::used_cpu(pid, 1.5));
+            common::signal(child.id(), libc::SIGINT);
+            stderr.read_to_string(&mut said).expect("rprof's stderr");
+            break;
+        }
+    }
+    let status = child.wait().expect("rprof ends");
+    assert!(!said.contains("panicked"), "{said}");
+    (status.success(), said)
 }
 
 #[test]

@@ -46,17 +46,21 @@ fn held_seconds(report_stderr: &str) -> f64 {
         .unwrap_or_else(|_| panic!("no duration in {line:?}"))
 }
 
-/// threads.rb recorded for 3 s (see `record_threads`).
+/// threads.rb recorded for 3 s or more (see `record_threads`).
 struct ThreadsRun {
     target: Target,
     stderr: String,
     /// The CPU time each of its threads alpha and beta used while rprof
     /// recorded, in seconds.
     thread_cpu: BTreeMap<&'static str, f64>,
+    /// Seconds from rprof's "recording" line to its Ctrl-C.
+    seconds: f64,
 }
 
-/// The two threads of threads.rb busy, recorded for 3 s into `dir/rec.rprof`
-/// (with --raw) and `dir/rec.folded`.
+/// The two threads of threads.rb busy, recorded into `dir/rec.rprof` (with
+/// --raw) and `dir/rec.folded` for 3 s, and longer until each thread has
+/// used 0.8 s of CPU (about 80 samples at 99 Hz): on a busy machine 3 s may
+/// give beta too few samples to judge.
 fn record_threads(dir: &Path) -> ThreadsRun {
     let target = Ruby::named("3.3").spawn("threads.rb", &[]);
     let rprof = Background::start(&[
@@ -64,15 +68,24 @@ fn record_threads(dir: &Path) -> ThreadsRun {
         "-p",
         &target.pid.to_string(),
         "-d",
-        "3",
+        "120",
         "--threads",
         "--raw",
         path(&dir.join("rec.rprof")),
         "-o",
         path(&dir.join("rec.folded")),
     ]);
+    let started = Instant::now();
     let cpu = |name| common::thread_cpu_seconds(target.pid, target.get(name));
     let before = ["alpha", "beta"].map(|name| (name, cpu(name)));
+    common::wait_for("threads.rb", 100, || {
+        let used = before.map(|(name, b)| cpu(name) - b);
+        (started.elapsed() >= Duration::from_secs(3) && used.iter().all(|&u| u >= 0.8))
+            .then_some(())
+            .ok_or_else(|| format!("alpha and beta used {used:.2?} s of CPU"))
+    });
+    rprof.signal(libc::SIGINT);
+    let seconds = started.elapsed().as_secs_f64();
     let (success, stderr) = rprof.finish();
     assert!(success, "rprof failed: {stderr}");
     let thread_cpu = before
@@ -83,6 +96,7 @@ fn record_threads(dir: &Path) -> ThreadsRun {
         target,
         stderr,
         thread_cpu,
+        seconds,
     }
 }
 
@@ -105,6 +119,7 @@ fn every_format_tells_the_totals_of_the_recording() {
         target,
         stderr,
         thread_cpu,
+        ..
     } = record_threads(dir.path());
     let raw = dir.path().join("rec.rprof");
     let recorded = Folded::parse(&std::fs::read_to_string(dir.path().join("rec.folded")).expect("folded"));
@@ -219,7 +234,7 @@ fn every_format_tells_the_totals_of_the_recording() {
 #[test]
 fn report_cuts_a_time_window_a_process_or_a_thread() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let ThreadsRun { target, .. } = record_threads(dir.path());
+    let ThreadsRun { target, seconds, .. } = record_threads(dir.path());
     let raw = dir.path().join("rec.rprof");
     let read = |args: &[&str]| -> (Folded, String) {
         let out = dir.path().join("cut.folded");
@@ -233,16 +248,20 @@ fn report_cuts_a_time_window_a_process_or_a_thread() {
     };
     let (whole, stderr) = read(&[]);
     let whole_seconds = held_seconds(&stderr);
-    assert!((2.9..=3.6).contains(&whole_seconds), "{stderr}");
+    assert!(
+        (seconds - 0.1..=seconds + 0.6).contains(&whole_seconds),
+        "{seconds:.2} s recorded: {stderr}"
+    );
 
-    // One second of three: a third of the samples, give or take an epoch.
+    // One second of `seconds` (3 or a little more): that share of the
+    // samples, give or take an epoch (0.6 to 1.35 of it: 0.2 to 0.45 of 3 s).
     let (window, stderr) = read(&["--from", "1s", "--to", "2"]);
-    let seconds = held_seconds(&stderr);
-    assert!((0.9..=1.1).contains(&seconds), "a 1 s window: {stderr}");
+    let window_seconds = held_seconds(&stderr);
+    assert!((0.9..=1.1).contains(&window_seconds), "a 1 s window: {stderr}");
     let share = window.total() as f64 / whole.total() as f64;
     assert!(
-        (0.2..=0.45).contains(&share),
-        "{} of {}",
+        (0.6 / seconds..=1.35 / seconds).contains(&share),
+        "{} of {} in 1 s of {seconds:.2}",
         window.total(),
         whole.total()
     );
@@ -514,7 +533,18 @@ fn sigkill_leaves_a_recording_short_of_at_most_its_last_second() {
         path(&dir.path().join("never.svg")),
     ]);
     let started = Instant::now();
-    std::thread::sleep(Duration::from_millis(3200));
+    // 3.2 s, and longer until threads.rb has used 2.5 s of CPU: what the file
+    // holds, all but the last second, then has over 100 samples however busy
+    // the machine.
+    let mut ran = common::used_cpu(target.pid, 2.5);
+    common::wait_for("threads.rb", 100, || {
+        // Called first: its count starts at its first call.
+        let used = ran();
+        if started.elapsed() < Duration::from_millis(3200) {
+            return Err("3.2 s had not passed".to_string());
+        }
+        used
+    });
     rprof.signal(libc::SIGKILL);
     let recorded_for = started.elapsed().as_secs_f64();
     let _ = rprof.child.wait();

@@ -32,8 +32,14 @@ fn a_syscall_made_without_the_gvl_is_charged_to_its_own_thread() {
         target.get("syscaller").to_string(),
         target.get("cruncher").to_string(),
     );
-    let run = record(target.pid, &["-d", "2", "syscall", "enter_newfstatat"]);
-    assert!(run.success, "{}", run.stderr);
+    // Until it has used 2 s of CPU (the cruncher's), however busy the
+    // machine.
+    let run = common::record_cpu(
+        "syscalls.rb",
+        target.pid,
+        (&["syscall", "enter_newfstatat"], &[]),
+        2.0,
+    );
     no_foreign_ec(&run.stderr);
     let mine = run.folded.of_thread(&caller);
     // The cruncher holds the GVL for whole timeslices (100 ms): the syscaller
@@ -136,8 +142,14 @@ fn a_target_pinned_to_another_cpu_is_traced() {
         .arg(ruby.script_path("syscalls.rb"))
         .arg("stat");
     let target = Target::start(&mut cmd);
-    let run = record(target.pid, &["-d", "2", "syscall", "enter_newfstatat"]);
-    assert!(run.success, "{}", run.stderr);
+    // Until it has used 2 s of CPU: pinned, it gets what that CPU's other
+    // tasks leave.
+    let run = common::record_cpu(
+        "syscalls.rb, pinned",
+        target.pid,
+        (&["syscall", "enter_newfstatat"], &[]),
+        2.0,
+    );
     assert!(
         run.folded.of_thread(target.get("syscaller")).total() > 20,
         "{:?}",

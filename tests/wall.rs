@@ -418,7 +418,9 @@ fn handler_shares(path: &str, waits: &str, in_wait: &IsWait, busy: bool) {
     let (mut server, port) = puma("puma_single.rb", backend);
     server.wait_line("* Listening", Duration::from_secs(60));
     let mut wrk = Command::new("wrk")
-        .args(["-t", "1", "-c", "1", "-d", "6s"])
+        // Longer than any recording below (rprof's start may take seconds on
+        // a busy machine); stopped once it has ended.
+        .args(["-t", "1", "-c", "1", "-d", "100s"])
         .arg(format!("http://127.0.0.1:{port}{path}"))
         .stdout(Stdio::null())
         .spawn()
@@ -426,6 +428,7 @@ fn handler_shares(path: &str, waits: &str, in_wait: &IsWait, busy: bool) {
     std::thread::sleep(Duration::from_secs(1)); // the first requests
     let _busy = busy.then(Busy::start);
     let run = record(server.pid, &["-d", "3", "wall"]);
+    let _ = wrk.kill();
     let _ = wrk.wait();
     assert!(run.success, "{}", run.stderr);
     let handler = Folded {
@@ -836,8 +839,9 @@ fn kernel_frames_of_the_blocking_call() {
 #[test]
 fn running_time_where_it_ran() {
     let target = Ruby::host().spawn("run_then_sleep.rb", &[]);
-    let run = record(target.pid, &["-d", "3", "wall"]);
-    assert!(run.success, "{}", run.stderr);
+    // Until the worker has run 1.5 s, however busy the machine (a fixed 3 s
+    // needs it to get half a CPU for the bound below).
+    let run = common::record_threads_cpu("run_then_sleep.rb", target.pid, &["wall"], 1, 1.5);
     let f = run.folded.of_thread(target.get("worker"));
     let report = stacks_of(&f);
     let running_in = |method: &str| -> u64 {

@@ -464,32 +464,86 @@ pub fn record_until(
     pid: u32,
     (args, env): (&[&str], &[(&str, &str)]),
     limit: u64,
-    mut enough: impl FnMut() -> Result<(), String>,
+    enough: impl FnMut() -> Result<(), String>,
 ) -> Run {
-    let rprof = attach_with_env(pid, args, env);
-    let deadline = Instant::now() + Duration::from_secs(limit);
-    while let Err(so_far) = enough() {
-        assert!(Instant::now() < deadline, "{what}: in {limit} s, {so_far}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    stop_when(what, attach_with_env(pid, args, env), limit, enough)
+}
+
+/// Interrupts a recording once `enough` says so (at most `limit` s of wall
+/// time); it must have succeeded.
+pub fn stop_when(what: &str, rprof: Attached, limit: u64, enough: impl FnMut() -> Result<(), String>) -> Run {
+    wait_for(what, limit, enough);
     rprof.interrupt();
     let run = rprof.finish();
     assert!(run.success, "{what}: {}", run.stderr);
     run
 }
 
+/// Waits until `enough` says so, at most `limit` s; what it says otherwise
+/// is the failure's message.
+pub fn wait_for(what: &str, limit: u64, mut enough: impl FnMut() -> Result<(), String>) {
+    let deadline = Instant::now() + Duration::from_secs(limit);
+    while let Err(so_far) = enough() {
+        assert!(Instant::now() < deadline, "{what}: in {limit} s, {so_far}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// `record_until` the process has used `cpu` seconds of CPU (at most 100 s
 /// of wall time).
 pub fn record_cpu(what: &str, pid: u32, (args, env): (&[&str], &[(&str, &str)]), cpu: f64) -> Run {
-    let start = cpu_seconds(pid);
     let mut all = vec!["-d", "120"];
     all.extend_from_slice(args);
-    record_until(what, pid, (&all, env), 100, || {
+    record_until(what, pid, (&all, env), 100, used_cpu(pid, cpu))
+}
+
+/// For `stop_when`: has process `pid` used `cpu` seconds of CPU since the
+/// first call (just after rprof said it records: what it used while rprof
+/// started gave no samples)?
+pub fn used_cpu(pid: u32, cpu: f64) -> impl FnMut() -> Result<(), String> {
+    let mut start = None;
+    move || {
+        let start = *start.get_or_insert_with(|| cpu_seconds(pid));
         let used = cpu_seconds(pid) - start;
         (used >= cpu)
             .then_some(())
             .ok_or_else(|| format!("it used {used:.2} s of CPU"))
+    }
+}
+
+/// `record_until` each of the process's `n` busiest threads has used `cpu`
+/// seconds of CPU since the recording began (at most 100 s of wall time):
+/// for bounds on what each of several CPU-bound threads gets, which on a
+/// busy machine share what the process gets unevenly.
+pub fn record_threads_cpu(what: &str, pid: u32, args: &[&str], n: usize, cpu: f64) -> Run {
+    let mut all = vec!["-d", "120"];
+    all.extend_from_slice(args);
+    // From the first call, once rprof records (see `used_cpu`).
+    let mut start = None;
+    record_until(what, pid, (&all, &[]), 100, || {
+        let start = start.get_or_insert_with(|| threads_cpu_seconds(pid));
+        let mut used: Vec<f64> = threads_cpu_seconds(pid)
+            .iter()
+            .map(|(tid, now)| now - start.get(tid).copied().unwrap_or(0.0))
+            .collect();
+        used.sort_by(|a, b| b.total_cmp(a));
+        used.truncate(n);
+        (used.len() == n && used.iter().all(|&u| u >= cpu))
+            .then_some(())
+            .ok_or_else(|| format!("its {n} busiest threads used {used:.2?} s of CPU"))
     })
+}
+
+/// The CPU seconds each live thread of a process has used so far, by
+/// thread id.
+pub fn threads_cpu_seconds(pid: u32) -> BTreeMap<String, f64> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap_or_else(|e| panic!("the threads of process {pid}: {e}"))
+        .flatten()
+        .filter_map(|t| t.file_name().into_string().ok())
+        // A thread that ended since the listing has no stat to read.
+        .filter_map(|tid| Some((tid.clone(), read_thread_cpu_seconds(pid, &tid)?)))
+        .collect()
 }
 
 /// The CPU time a live process has used so far, all its threads (ended ones
@@ -539,10 +593,16 @@ impl CpuWatch {
 /// The CPU time one thread of a live process has used so far, in seconds
 /// (/proc's utime + stime, in clock ticks of 10 ms).
 pub fn thread_cpu_seconds(pid: u32, tid: &str) -> f64 {
-    let fields = stat_fields(&format!("/proc/{pid}/task/{tid}/stat"));
-    let ticks: u64 = fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime");
+    read_thread_cpu_seconds(pid, tid).unwrap_or_else(|| panic!("the CPU time of thread {tid} of {pid}"))
+}
+
+/// `thread_cpu_seconds`, or None if the thread is gone.
+fn read_thread_cpu_seconds(pid: u32, tid: &str) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")).ok()?;
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let ticks = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
     // SAFETY: sysconf only reads a constant.
-    ticks as f64 / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64
+    Some(ticks as f64 / unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64)
 }
 
 /// The fields of a /proc stat file after the command name (which may hold
@@ -658,9 +718,12 @@ impl Drop for Busy {
 /// the lowest CPU priority, so that it reads the target's memory late, often
 /// GCs after the samples. (Starved from its start, rprof reads its first
 /// records only after several GCs and cannot name what it has not read
-/// before them: README, "Code churn".)
-pub fn record_starved(pid: u32, args: &[&str]) -> Run {
-    let mut rprof = attach_with_env(pid, args, &[("RPROF_SAY_NAMED", "1")]);
+/// before them: README, "Code churn".) Until the target has used `cpu`
+/// seconds of CPU from then on.
+pub fn record_starved(pid: u32, args: &[&str], cpu: f64) -> Run {
+    let mut all = vec!["-d", "120"];
+    all.extend_from_slice(args);
+    let mut rprof = attach_with_env(pid, &all, &[("RPROF_SAY_NAMED", "1")]);
     rprof.wait_stderr("rprof: named a whole stack");
     for task in std::fs::read_dir(format!("/proc/{}/task", rprof.child.id())).expect("rprof's threads") {
         let tid: libc::id_t = task
@@ -674,7 +737,7 @@ pub fn record_starved(pid: u32, args: &[&str]) -> Run {
         assert_eq!(rc, 0, "renice rprof's thread {tid}");
     }
     let _busy = Busy::start();
-    rprof.finish()
+    stop_when(&format!("process {pid}, starved"), rprof, 100, used_cpu(pid, cpu))
 }
 
 /// `rprof record --format folded -o TMP ARGS...`, the targets in ARGS.
@@ -752,9 +815,21 @@ fn attach_merged_with_env(pid: u32, args: &[&str], env: &[(&str, &str)]) -> Atta
 pub fn record_in_background(args: &[&str], env: &[(&str, &str)]) -> Attached {
     let dir = tempfile::tempdir().expect("tempdir");
     let out = dir.path().join("out.folded");
+    let file = out.to_str().expect("utf8 path").to_string();
+    let mut all = vec!["record", "--format", "folded", "-o", &file];
+    all.extend_from_slice(args);
+    start_recording(&all, env, out, dir)
+}
+
+/// `rprof ARGS...` (a recording) in the background, once it has said it
+/// records; `out` in `dir` is where its folded stacks are, if anywhere.
+pub fn start_recording(
+    args: &[&str],
+    env: &[(&str, &str)],
+    out: PathBuf,
+    dir: tempfile::TempDir,
+) -> Attached {
     let mut child = Command::new(RPROF)
-        .args(["record", "--format", "folded", "-o"])
-        .arg(&out)
         .args(args)
         .envs(env.iter().copied())
         .stderr(Stdio::piped())
@@ -818,22 +893,29 @@ impl Attached {
     }
 }
 
-/// diff_work.rb N on the host's Ruby, recorded for `seconds` into `out`
-/// (a `.rprof` file) with `args` last (`-F 499 cpu`); rprof must succeed.
-pub fn record_diff_work(n: &str, seconds: &str, out: &Path, args: &[&str]) {
+/// diff_work.rb N on the host's Ruby, recorded into `out` (a `.rprof` file)
+/// until it has used `cpu` seconds of CPU, with `args` last (`-F 499 cpu`):
+/// shares of a number of samples that does not depend on how busy the
+/// machine is.
+pub fn record_diff_work(n: &str, cpu: f64, out: &Path, args: &[&str]) {
     let target = Ruby::host().spawn("diff_work.rb", &[n]);
-    let pid = target.pid.to_string();
     let file = out.to_str().expect("utf8 path");
-    let mut all = vec![
-        "record", "-p", &pid, "-d", seconds, "--format", "rprof", "-o", file,
-    ];
+    let mut all = vec!["--format", "rprof", "-o", file];
     all.extend_from_slice(args);
-    let o = rprof(&all);
-    let stderr = String::from_utf8_lossy(&o.stderr);
-    assert!(
-        o.status.success() && !stderr.contains("panicked"),
-        "rprof failed: {stderr}"
-    );
+    record_cpu_to(&format!("diff_work.rb {n}"), target.pid, &all, cpu);
+}
+
+/// `rprof record -p PID ARGS...`, whose ARGS say where its output goes, until
+/// the process has used `cpu` seconds of CPU; it must succeed.
+pub fn record_cpu_to(what: &str, pid: u32, args: &[&str], cpu: f64) -> Run {
+    let pid_arg = pid.to_string();
+    let mut all = vec!["record", "-p", &pid_arg, "-d", "120"];
+    all.extend_from_slice(args);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let rprof = start_recording(&all, &[], dir.path().join("none"), dir);
+    let run = stop_when(what, rprof, 100, used_cpu(pid, cpu));
+    assert!(!run.stderr.contains("panicked"), "{what}: {}", run.stderr);
+    run
 }
 
 /// `go tool pprof ARGS FILE`, which must succeed; its output.
