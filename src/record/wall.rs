@@ -125,8 +125,12 @@ impl WallKind {
 /// wait's hash xor `RPROF_WALL_GC_SALT` (`gc_waited` in BPF), and sends no
 /// record of its own.
 /// Only for a Ruby with a GC clock (`has_clock`): BPF splits no other's waits.
+/// Not for a record that carries its own time (RPROF_SAMPLE_DIRECT: a map
+/// full, or `unsampled`): its twin would count that time again (a thread's
+/// unsampled GVL wait of 0.2 s made its total 3.2 s of a 3 s recording).
 pub fn gc_twin(s: &Sample, has_clock: bool) -> Option<Sample> {
-    (has_clock && s.header.wall_state == S::RPROF_WALL_GVL.0).then(|| {
+    let carries_time = s.has(types::rprof_sample_flags::RPROF_SAMPLE_DIRECT);
+    (has_clock && s.header.wall_state == S::RPROF_WALL_GVL.0 && !carries_time).then(|| {
         let mut twin = s.clone();
         twin.header.hash = gc_twin_hash(s.header.hash);
         twin.header.wall_state = S::RPROF_WALL_GC.0;
@@ -480,4 +484,34 @@ fn syscall_name(nr: i32) -> String {
         return "no system call".to_string();
     }
     syscalls::Sysno::new(nr as usize).map_or_else(|| format!("system call {nr}"), |s| s.name().to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gvl_wait() -> WallKind {
+        WallKind {
+            pid: 1,
+            start_ticks: 1,
+            tid: 1,
+            state: S::RPROF_WALL_GVL.0,
+            syscall: 202,
+        }
+    }
+
+    /// A GVL wait's record that carries its time has no GC twin; one
+    /// counted by its hash has.
+    #[test]
+    fn only_hashed_gvl_waits_have_a_gc_twin() {
+        let unsampled = unsampled(gvl_wait(), 200_000_000);
+        assert!(gc_twin(&unsampled, true).is_none());
+        let mut walked = unsampled.clone();
+        walked.header.flags = 0;
+        walked.header.weight = 0;
+        let twin = gc_twin(&walked, true).expect("a twin");
+        assert_eq!(twin.header.wall_state, S::RPROF_WALL_GC.0);
+        assert_eq!(twin.header.hash, gc_twin_hash(walked.header.hash));
+        assert!(gc_twin(&walked, false).is_none());
+    }
 }
