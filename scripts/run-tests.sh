@@ -24,8 +24,10 @@
 # error grows (ci66: 5.7 points beside frames.rs; README, "Storms of short
 # waits"); and wall.rs's stitched GVL waits, of which only the one under
 # way as rprof attaches may lack native frames: beside frames.rs, later
-# ones did too (ci67, and 5 of 12 runs here; not with CPU burners), a
-# fault not understood yet (the closing note of 2026-11-27).
+# ones did too (ci67, and 6 of 12 runs here; not with CPU burners): its
+# tests' wakeups preempt the spinning threads up to 2,200 times a second,
+# past the rate at which rprof samples which waits it walks (README,
+# "Storms of short waits").
 # The lanes are balanced by the suites' times in CI beside each other
 # (ci55: 670 and 690 s; frames.rs 510 s, wall.rs 330); a suite not named
 # runs in lane B.
