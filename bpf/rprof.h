@@ -476,9 +476,13 @@ struct rprof_wall_task {
 	__u64 exec;    /* off CPU: the task's CPU time (sum_exec_runtime) at the mark */
 	__u32 state;   /* off CPU: enum rprof_wall_state, 0 if unknown (a wait the sweep opened) */
 	__s32 syscall; /* off CPU: the system call it waits in, or -1 */
-	__u64 window_at;   /* when its switch-out rate window began */
-	__u32 window_outs; /* switch-outs in it so far */
-	__u32 walk_chance; /* of each switch-out walking, in 1/65536ths; 0: always */
+	/* Its switch-out rate, apart for the waits it blocks in [0] and its
+	 * preemptions [1] (which other programs' wakeups can make thousands a
+	 * second): when the window began, switch-outs in it so far, and the
+	 * chance of each walking, in 1/65536ths (0: always). */
+	__u64 window_at[2];
+	__u32 window_outs[2];
+	__u32 walk_chance[2];
 	/* a GVL wait: its process's GC clock (ns) when it opened, plus 1; 0:
 	 * none (not a GVL wait, or a Ruby without the clock) */
 	__u64 gc_at;

@@ -22,12 +22,7 @@
 # between two methods is held to 5 points of the program's clock: another
 # suite's programs on that CPU make a few of its waits long and the split's
 # error grows (ci66: 5.7 points beside frames.rs; README, "Storms of short
-# waits"); and wall.rs's stitched GVL waits, of which only the one under
-# way as rprof attaches may lack native frames: beside frames.rs, later
-# ones did too (ci67, and 6 of 12 runs here; not with CPU burners): its
-# tests' wakeups preempt the spinning threads up to 2,200 times a second,
-# past the rate at which rprof samples which waits it walks (README,
-# "Storms of short waits").
+# waits").
 # The lanes are balanced by the suites' times in CI beside each other
 # (ci55: 670 and 690 s; frames.rs 510 s, wall.rs 330); a suite not named
 # runs in lane B.
@@ -36,7 +31,7 @@ cargo=${CARGO:-cargo}
 lane_a="frames install layouts diff syscall browser top launch errors rprof"
 alone="agent processes:every_ruby_on_the_host_now_and_as_they_start gc servers
        frames:code_churn_never_mislabels recordings:memory_stays_flat_under_code_churn
-       wall:short_waits wall:parked_threads_stitched"
+       wall:short_waits"
 logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT
 
