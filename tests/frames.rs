@@ -649,20 +649,16 @@ fn check_deep(r: &Ruby) {
     );
 }
 
-/// CPU time so far, in clock ticks (10 ms), of process `pid`'s thread named
-/// `name` (threads.rb names its native threads).
-fn thread_ticks(pid: u32, name: &str) -> u64 {
-    std::fs::read_dir(format!("/proc/{pid}/task"))
+/// CPU seconds so far of process `pid`'s thread named `name` (threads.rb
+/// names its native threads).
+fn thread_seconds(pid: u32, name: &str) -> f64 {
+    let tid = std::fs::read_dir(format!("/proc/{pid}/task"))
         .expect("the process lives")
         .flatten()
         .find(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == name))
-        .and_then(|t| std::fs::read_to_string(t.path().join("stat")).ok())
-        .and_then(|stat| {
-            // utime and stime: the 12th and 13th fields after the command's ")".
-            let rest: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
-            Some(rest.get(11)?.parse::<u64>().ok()? + rest.get(12)?.parse::<u64>().ok()?)
-        })
-        .unwrap_or_else(|| panic!("no thread named {name} in process {pid}"))
+        .and_then(|t| t.file_name().into_string().ok())
+        .unwrap_or_else(|| panic!("no thread named {name} in process {pid}"));
+    common::thread_cpu_seconds(pid, &tid)
 }
 
 fn check_threads(r: &Ruby) {
@@ -673,21 +669,21 @@ fn check_threads(r: &Ruby) {
     // needs the GVL between chunks) least. 3 s used to give beta 17 samples
     // beside another suite's tests. Counted from the first call, once rprof
     // records.
-    let ticks = || {
+    let seconds = || {
         (
-            thread_ticks(target.pid, "alpha"),
-            thread_ticks(target.pid, "beta"),
+            thread_seconds(target.pid, "alpha"),
+            thread_seconds(target.pid, "beta"),
         )
     };
     let mut start = None;
     let what = format!("Ruby {}", r.name);
     let run = common::record_until(&what, target.pid, (&["-d", "60", "-F", "499"], &[]), 50, || {
-        let (alpha0, beta0) = *start.get_or_insert_with(ticks);
-        let alpha = thread_ticks(target.pid, "alpha") - alpha0;
-        let beta = thread_ticks(target.pid, "beta") - beta0;
-        (alpha >= 60 && beta >= 40)
+        let (alpha0, beta0) = *start.get_or_insert_with(seconds);
+        let (alpha, beta) = seconds();
+        let (alpha, beta) = (alpha - alpha0, beta - beta0);
+        (alpha >= 0.6 && beta >= 0.4)
             .then_some(())
-            .ok_or_else(|| format!("alpha ran {alpha} and beta {beta} ticks"))
+            .ok_or_else(|| format!("alpha ran {alpha:.2} and beta {beta:.2} s"))
     });
     let mut alpha = 0;
     let mut beta = 0;
