@@ -538,6 +538,32 @@ static __always_inline bool gc_kind_set(struct rprof_proc *p, struct scratch *s,
 	return major + minor == count;
 }
 
+/* A reading of the GC's clock made as userspace makes its own (struct
+ * rprof_gc_reading), into the record, by the first record of the process
+ * at each GC time: a rprof too busy or too starved to read the clock while
+ * a GC's time lasted still learns from it whether that GC was major, which
+ * naming that time's samples after a later major GC needs (src/gc_time.rs,
+ * MajorLog). Four reads, a few times per GC. */
+static __always_inline void note_clock(struct rprof_proc *p, struct scratch *s, __u64 time,
+				       __u32 *sample_flags)
+{
+	struct rprof_gc_reading *r = &s->hdr.clock;
+	void *major = (void *)(p->gc_count_addr + p->gc_major_from_count);
+
+	if (time == p->clock_sent || !p->gc_major_from_count)
+		return;
+	if (bpf_probe_read_user(&r->majors_before, sizeof(r->majors_before), major) ||
+	    bpf_probe_read_user(&r->count, sizeof(r->count), (void *)p->gc_count_addr) ||
+	    bpf_probe_read_user(&r->flags, sizeof(r->flags), (void *)p->gc_flags_addr) ||
+	    bpf_probe_read_user(&r->majors_after, sizeof(r->majors_after), major))
+		return;
+	*sample_flags |= RPROF_SAMPLE_CLOCK;
+	/* At a GC's edge (inside it, in no phase) the reading does not vouch
+	 * for that GC: the next record at this time reads again. */
+	if (!(r->flags & RPROF_GC_DURING_GC) || (r->flags & RPROF_GC_MODE_MASK))
+		p->clock_sent = time;
+}
+
 /* The GC's time, read after the frames: they hold still while this thread
  * runs BPF, so the time read now also describes them (src/gc_time.rs). The
  * flags are read before the count, as the GC writes the count first. */
@@ -574,6 +600,7 @@ static __always_inline int read_gc_time(struct rprof_proc *p, struct scratch *s,
 	if ((flags & RPROF_GC_DURING_COMPACTING) && !marking)
 		*sample_flags |= RPROF_SAMPLE_GC_MOVING;
 	*gc_flags = flags;
+	note_clock(p, s, *time, sample_flags);
 	return 0;
 }
 
@@ -834,14 +861,14 @@ static __always_inline void finish(struct scratch *s, __u64 frames_hash)
 {
 	struct rprof_sample_header *h = &s->hdr;
 
-	__u64 m =
-	    mix(mix(mix(mix(mix(mix(mix(frames_hash, ((__u64)h->tid << 32) | h->event), h->flags),
-				h->nframes),
-			    h->gc_time),
-			h->ruby_thread),
-		    h->start_ticks),
-		((__u64)(h->wall_state | h->wall_object << 8 | h->gc_state << 16) << 32) |
-		    (__u32)h->wall_syscall);
+	__u64 m = mix(mix(mix(mix(mix(mix(mix(frames_hash, ((__u64)h->tid << 32) | h->event),
+					  h->flags & ~RPROF_SAMPLE_CLOCK),
+				      h->nframes),
+				  h->gc_time),
+			      h->ruby_thread),
+			  h->start_ticks),
+		      ((__u64)(h->wall_state | h->wall_object << 8 | h->gc_state << 16) << 32) |
+			  (__u32)h->wall_syscall);
 
 	/* Unconditionally (zero but for a socket's wait): a branch here would be
 	 * one more path in every program that counts. */

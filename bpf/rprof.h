@@ -85,6 +85,9 @@ struct rprof_proc {
 	 * TLS block is in static TLS, at this same offset from every thread's
 	 * pointer; 0 until then. */
 	__s64 tls_tp_offset;
+	/* Written by BPF: the GC time it last sent a reading of the GC's clock
+	 * at (RPROF_SAMPLE_CLOCK); 0 before the first. */
+	__u64 clock_sent;
 	/* env data at ep[-2..0] */
 	__u64 frame_magic_mask;
 	__u64 frame_magic_cfunc;
@@ -298,6 +301,20 @@ enum rprof_sample_flags {
 	/* wall: time of short waits whose stack no walk sampled (a thread's
 	 * last few ms of a kind, when the recording ended) */
 	RPROF_SAMPLE_UNSAMPLED = 128,
+	/* the record carries a reading of the GC's clock (`clock`), made as
+	 * userspace makes its own: the first record of its process at a GC time */
+	RPROF_SAMPLE_CLOCK = 256,
+};
+
+/* A reading of a target's GC clock, word by word in the order read:
+ * objspace's major count, its count, its flags, its major count again
+ * (src/gc_time.rs: what the order makes true). */
+struct rprof_gc_reading {
+	__u64 majors_before;
+	__u64 count;
+	__u64 majors_after;
+	__u32 flags;
+	__u32 pad;
 };
 
 /* objspace->flags (Ruby 2.7 to 3.4): mode (enum gc_mode) in bits 0-1,
@@ -398,6 +415,7 @@ struct rprof_sample_header {
 	__u64 alloc_class;
 	__u32 alloc_type;
 	__u32 pad;
+	struct rprof_gc_reading clock; /* RPROF_SAMPLE_CLOCK */
 };
 
 /* alloc: what an allocation probe's BPF cookie says about the function it

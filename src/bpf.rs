@@ -26,6 +26,8 @@ mod skel {
 pub use skel::types;
 use skel::{RprofSkel, RprofSkelBuilder};
 
+use crate::gc_time::Reading;
+
 // SAFETY: plain C structs of integers, as generated from the BPF header; any
 // bit pattern is a valid value.
 unsafe impl plain::Plain for types::rprof_proc {}
@@ -61,6 +63,14 @@ pub struct Sample {
 impl Sample {
     pub fn has(&self, flag: types::rprof_sample_flags) -> bool {
         self.header.flags & flag.0 != 0
+    }
+
+    /// The reading of its process's GC clock BPF made with this record, if
+    /// it made one (the first record at a GC time).
+    pub fn clock_reading(&self) -> Option<Reading> {
+        let c = &self.header.clock;
+        self.has(types::rprof_sample_flags::RPROF_SAMPLE_CLOCK)
+            .then(|| Reading::of_words(c.majors_before, c.count, c.flags, c.majors_after))
     }
 
     /// Whether BPF saw every iseq and method entry of the record old

@@ -206,15 +206,27 @@ impl GcClock {
                 (self.major_count, &mut major_b[..]),
             ])
             .ok()?;
-        let flags = u32::from_le_bytes(flags);
-        let count = u64::from_le_bytes(count);
+        Some(Reading::of_words(
+            u64::from_le_bytes(major_a),
+            u64::from_le_bytes(count),
+            u32::from_le_bytes(flags),
+            u64::from_le_bytes(major_b),
+        ))
+    }
+}
+
+impl Reading {
+    /// The reading whose words were read in this order: the major count,
+    /// the count, the flags, the major count again (by rprof, or by BPF as
+    /// it took a sample: `RPROF_SAMPLE_CLOCK`).
+    pub fn of_words(major_a: u64, count: u64, flags: u32, major_b: u64) -> Reading {
         let mode = flags & MODE_MASK;
         let at_edge = flags & DURING_GC != 0 && mode == MODE_NONE;
         let past_marking = mode != MODE_MARKING && !at_edge;
-        Some(Reading {
+        Reading {
             time: GcTime::new(count, mode == MODE_MARKING),
-            majors_before: u64::from_le_bytes(major_a),
-            majors_after: u64::from_le_bytes(major_b),
+            majors_before: major_a,
+            majors_after: major_b,
             majors_through: if past_marking {
                 count
             } else {
@@ -223,7 +235,7 @@ impl GcClock {
             unsettled: mode == MODE_COMPACTING
                 || (flags & DURING_COMPACTING != 0 && mode != MODE_MARKING)
                 || at_edge,
-        })
+        }
     }
 }
 
@@ -245,17 +257,30 @@ pub struct MajorLog {
 const MAJOR_LOG_LEN: usize = 4096;
 
 impl MajorLog {
-    /// Notes a reading; readings are made one at a time, so they arrive in
-    /// the order they were made.
+    /// Notes a reading. rprof's own come in the order they were made; one
+    /// BPF made as it took a sample comes late, and goes where its words
+    /// put it (each only grows, so that is about when it was made; two
+    /// readings made at once by different CPUs may not order, which
+    /// `all_minor` allows for).
     pub fn note(&mut self, r: &Reading) {
         let entry = (r.time.count(), r.majors_before, r.majors_through, r.majors_after);
-        if self.readings.back() == Some(&entry) {
+        let at = match self.readings.back() {
+            Some(back) if *back == entry => return,
+            Some(back) if *back > entry => self.readings.partition_point(|e| *e < entry),
+            _ => self.readings.len(),
+        };
+        if self.readings.get(at) == Some(&entry) {
             return;
         }
         if self.readings.len() == MAJOR_LOG_LEN {
+            if at == 0 {
+                return; // older than all kept
+            }
             self.readings.pop_front();
+            self.readings.insert(at - 1, entry);
+        } else {
+            self.readings.insert(at, entry);
         }
-        self.readings.push_back(entry);
     }
 
     /// The log of a process forked when GC `count` was the last to start:
@@ -274,14 +299,22 @@ impl MajorLog {
         if first > last {
             return true;
         }
-        // Readings come in the order they were made, so both their counts
-        // and the GCs they include only grow: binary searches (this runs for
-        // every fact at every new GC time, thousands of times a second).
+        // Readings are kept in the order they were made, so both their
+        // counts and the GCs they include only grow: binary searches (this
+        // runs for every fact at every new GC time, thousands of times a
+        // second). Any two readings that answer the questions prove it, so
+        // what the searches find is checked: readings BPF and rprof made at
+        // the same moment may not order.
         let i = self.readings.partition_point(|r| r.0 < first);
-        let before = i.checked_sub(1).and_then(|i| self.readings.get(i)).map(|r| r.1);
+        let before = i
+            .checked_sub(1)
+            .and_then(|i| self.readings.get(i))
+            .filter(|r| r.0 < first)
+            .map(|r| r.1);
         let after = self
             .readings
             .get(self.readings.partition_point(|r| r.2 < last))
+            .filter(|r| r.2 >= last)
             .map(|r| r.3);
         matches!((before, after), (Some(a), Some(b)) if a == b)
     }
@@ -427,6 +460,69 @@ mod tests {
         });
         log.note(&reading(11, 3));
         assert!(!log.describes(t(10, false), t(11, false), true, false));
+    }
+
+    /// rprof read the clock before GC 111 and after GC 112, a major one:
+    /// only a reading BPF made with a sample in GC 111's time, noted late,
+    /// says GC 111 was minor (seen: rprof starved by CPU burners).
+    #[test]
+    fn a_reading_noted_late_says_what_rprof_did_not_see() {
+        let mut log = MajorLog::default();
+        log.note(&reading(110, 1));
+        log.note(&reading(112, 2));
+        assert!(!log.describes(t(110, false), t(111, false), true, true));
+        log.note(&Reading::of_words(1, 111, 0, 1));
+        assert!(log.describes(t(110, false), t(111, false), true, true));
+        // GC 112 was major all the same.
+        assert!(!log.describes(t(111, false), t(112, false), true, true));
+        // In its place, once.
+        assert_eq!(
+            log.readings.iter().map(|r| r.0).collect::<Vec<_>>(),
+            [110, 111, 112]
+        );
+        log.note(&Reading::of_words(1, 111, 0, 1));
+        assert_eq!(log.readings.len(), 3);
+    }
+
+    /// Readings BPF and rprof make at the same moment may not order (one's
+    /// count before a GC began, the other's major count after it bumped it):
+    /// what the searches find must answer their questions, or prove nothing.
+    #[test]
+    fn readings_that_do_not_order_prove_nothing_they_do_not_say() {
+        let mut log = MajorLog::default();
+        log.note(&reading(10, 2));
+        // Count 12 read, GC 12 marking, its major bump not seen yet...
+        log.note(&marking(12, 2));
+        // ... and one that read count 11 but the major count after GC 12's bump.
+        log.note(&Reading {
+            majors_after: 3,
+            ..reading(11, 2)
+        });
+        assert!(!log.describes(t(11, false), t(12, false), true, true));
+        assert!(!log.describes(t(10, false), t(12, false), true, true));
+        log.note(&reading(12, 3));
+        assert!(!log.describes(t(11, false), t(12, false), true, true));
+    }
+
+    /// A full log keeps the newest readings: one older than all of them is
+    /// left out, a newer one goes in its place.
+    #[test]
+    fn a_full_log_keeps_the_newest() {
+        let mut log = MajorLog::default();
+        for c in 0..MAJOR_LOG_LEN as u64 {
+            log.note(&reading(c * 2 + 10, 0));
+        }
+        log.note(&reading(1, 0));
+        assert_eq!(log.readings.front().map(|r| r.0), Some(10));
+        log.note(&reading(13, 0));
+        assert_eq!(log.readings.len(), MAJOR_LOG_LEN);
+        assert_eq!(log.readings.front().map(|r| r.0), Some(12));
+        assert!(log.readings.iter().any(|r| r.0 == 13));
+        assert!(log
+            .readings
+            .iter()
+            .zip(log.readings.iter().skip(1))
+            .all(|(a, b)| a < b));
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! record's stack (or keeps it until the GC stands still), and adds each
 //! closed epoch's counts to the stacks they belong to.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
@@ -46,9 +46,10 @@ pub struct Collector {
     pub unfollowed: u64,
     /// Counts of closed epochs whose record still waits (see `close_epoch`).
     waiting_counts: HashMap<u64, u64>,
-    /// Tests: say on stderr when the first stack is named whole
-    /// (`RPROF_SAY_NAMED=1`), so that they can starve rprof from then on.
-    say_named: bool,
+    /// Tests: say on stderr when a thread's first stack of Ruby frames is
+    /// named whole (`RPROF_SAY_NAMED=1`), so that they can starve or stop
+    /// rprof once it has read that code: the threads said so far.
+    say_named: Option<HashSet<u32>>,
     /// --native/--kernel: what names native frames, and whether to keep the
     /// interpreter's own (--native-all).
     pub native: Option<(NativeNames, bool)>,
@@ -78,7 +79,7 @@ impl Collector {
             deferred: Vec::new(),
             unfollowed: 0,
             waiting_counts: HashMap::new(),
-            say_named: std::env::var_os("RPROF_SAY_NAMED").is_some(),
+            say_named: std::env::var_os("RPROF_SAY_NAMED").map(|_| HashSet::new()),
             native: None,
             named_ruby: HashMap::new(),
             wall_pending: Vec::new(),
@@ -109,6 +110,11 @@ impl Collector {
                 }
                 match processes.get_with_native(s.header.pid, s.header.start_ticks) {
                     Some((f, unwinder)) => {
+                        if let Some(ruby) = f.ruby.as_mut() {
+                            if let Some(r) = s.clock_reading() {
+                                ruby.resolver.note_reading(&r);
+                            }
+                        }
                         let clock = f.ruby.as_ref().and_then(|r| r.target.gc);
                         let twin = wall::gc_twin(&s, clock.is_some_and(|c| c.time_ns[0] != 0));
                         self.add_sample(s, f, unwinder, false);
@@ -187,9 +193,10 @@ impl Collector {
                 self.unknown_samples += n;
             }
         }
-        if self.say_named && unknown.is_empty() {
-            eprintln!("rprof: named a whole stack");
-            self.say_named = false;
+        if let Some(said) = self.say_named.as_mut() {
+            if unknown.is_empty() && !s.frames.is_empty() && said.insert(s.header.tid) {
+                eprintln!("rprof: named a whole stack of thread {}", s.header.tid);
+            }
         }
         self.stacks.insert(
             hash,

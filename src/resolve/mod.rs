@@ -426,6 +426,13 @@ impl Resolver {
         self.method(cme, sample).ok()?.0?.cfunc
     }
 
+    /// A reading of the clock BPF made as it took a sample
+    /// (`RPROF_SAMPLE_CLOCK`): what it says of major GCs counts as rprof's
+    /// own readings do, however late it is read.
+    pub fn note_reading(&mut self, r: &Reading) {
+        self.log.note(r);
+    }
+
     /// Whether the GC stands still now (reads can be made).
     pub fn settled(&mut self) -> bool {
         self.read_clock().is_some_and(|r| !r.unsettled)
