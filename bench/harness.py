@@ -1,5 +1,6 @@
 """Shared by rprof's benchmarks: start a Ruby workload that waits for "go",
 attach a profiler to it, let it run, and read what it reports."""
+import glob
 import json
 import os
 import re
@@ -13,6 +14,75 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RPROF = os.environ.get(
     "RPROF", os.path.join(os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target")), "release/rprof")
 )
+
+
+class EmptySwitchProgram:
+    """An empty BPF program on `sched_switch` (`tp_btf`, the hook rprof's
+    `wall` uses), attached while `with` lasts: what the kernel's call into
+    any switch program costs, which no switch tracer goes under. Built with
+    clang and gcc against the libbpf that building rprof vendored
+    (libbpf-sys's output in the cargo target directory, with libelf and
+    zlib); `why_not()` says what is missing."""
+
+    PROGRAM = """#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+char LICENSE[] SEC("license") = "GPL";
+SEC("tp_btf/sched_switch")
+int empty_switch(void *ctx) { return 0; }
+"""
+    LOADER = """#include <bpf/libbpf.h>
+#include <stdio.h>
+#include <unistd.h>
+int main(int argc, char **argv) {
+  struct bpf_object *o = bpf_object__open_file(argv[1], NULL);
+  struct bpf_program *p;
+  if (!o || bpf_object__load(o)) return 1;
+  bpf_object__for_each_program(p, o) if (!bpf_program__attach(p)) return 1;
+  printf("attached\\n");
+  fflush(stdout);
+  pause();
+  return 0;
+}
+"""
+
+    def __init__(self, tmp):
+        self.dir = tmp
+        self.proc = None
+        self.problem = None
+        target = os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target"))
+        libs = sorted(glob.glob(os.path.join(target, "release/build/libbpf-sys-*/out/libbpf.a")),
+                      key=os.path.getmtime)
+        if not libs:
+            self.problem = f"no libbpf built under {target} (cargo build --release first)"
+            return
+        out = os.path.dirname(libs[-1])
+        include = os.path.join(out, "include")
+        prog, loader = os.path.join(tmp, "empty.bpf.c"), os.path.join(tmp, "loader.c")
+        with open(prog, "w") as f:
+            f.write(self.PROGRAM)
+        with open(loader, "w") as f:
+            f.write(self.LOADER)
+        self.obj, self.exe = os.path.join(tmp, "empty.bpf.o"), os.path.join(tmp, "loader")
+        for cmd in (["clang", "-O2", "-g", "-target", "bpf", "-I", os.path.join(ROOT, "bpf"), "-I", include,
+                     "-c", prog, "-o", self.obj],
+                    ["gcc", "-O2", "-I", include, loader, libs[-1], "-lelf", "-lz", "-o", self.exe]):
+            done = subprocess.run(cmd, capture_output=True, text=True)
+            if done.returncode != 0:
+                self.problem = f"{cmd[0]} failed: {done.stderr.strip()[:200]}"
+                return
+
+    def why_not(self):
+        return self.problem
+
+    def __enter__(self):
+        self.proc = subprocess.Popen([self.exe, self.obj], stdout=subprocess.PIPE, text=True)
+        if self.proc.stdout.readline().strip() != "attached":
+            raise RuntimeError("the empty sched_switch program did not attach")
+        return self
+
+    def __exit__(self, *exc):
+        self.proc.terminate()
+        self.proc.wait()
 
 
 class Workload:
