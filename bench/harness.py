@@ -18,7 +18,7 @@ RPROF = os.environ.get(
 
 class EmptySwitchProgram:
     """An empty BPF program on `sched_switch` (`tp_btf`, the hook rprof's
-    `wall` uses), attached while `with` lasts: what the kernel's call into
+    `wall` uses), attached from `start()` to `stop()`: what the kernel's call into
     any switch program costs, which no switch tracer goes under. Built with
     clang and gcc against the libbpf that building rprof vendored
     (libbpf-sys's output in the cargo target directory, with libelf and
@@ -46,7 +46,6 @@ int main(int argc, char **argv) {
 """
 
     def __init__(self, tmp):
-        self.dir = tmp
         self.proc = None
         self.problem = None
         target = os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target"))
@@ -74,13 +73,12 @@ int main(int argc, char **argv) {
     def why_not(self):
         return self.problem
 
-    def __enter__(self):
+    def start(self):
         self.proc = subprocess.Popen([self.exe, self.obj], stdout=subprocess.PIPE, text=True)
         if self.proc.stdout.readline().strip() != "attached":
             raise RuntimeError("the empty sched_switch program did not attach")
-        return self
 
-    def __exit__(self, *exc):
+    def stop(self):
         self.proc.terminate()
         self.proc.wait()
 
