@@ -74,13 +74,21 @@ fn a_syscall_made_without_the_gvl_is_charged_to_its_own_thread() {
     );
 }
 
-/// rprof stopped (SIGSTOP: it reads nothing, not the GC's clock either)
-/// while the target runs a minor GC, makes system calls in that GC's time, then
-/// runs a major GC: the events of the minor GC's time are named after the
-/// major one, which rprof must know came after them. It knows from the
-/// reading of the clock BPF made with their first record; without it, every
-/// one of them was `[unknown]` ("collected before they could be read"), as
-/// they were for 1-4% of the events when CPU burners starved rprof.
+fn signal(pid: u32, sig: i32) {
+    // SAFETY: a signal to a child this test started.
+    assert_eq!(unsafe { libc::kill(pid as i32, sig) }, 0, "signal {sig} to {pid}");
+}
+
+/// A process this test stopped, continued when dropped.
+struct Stopped(u32);
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        // SAFETY: a signal to a child this test started.
+        unsafe { libc::kill(self.0 as i32, libc::SIGCONT) };
+    }
+}
+
 /// The id of the thread of `pid` named `name` (Ruby names its native
 /// threads after Thread#name; a chroot's Ruby has no /proc of its own).
 fn thread_named(pid: u32, name: &str) -> String {
@@ -94,6 +102,13 @@ fn thread_named(pid: u32, name: &str) -> String {
         .unwrap_or_else(|| panic!("no thread named {name} in {pid}"))
 }
 
+/// rprof stopped (SIGSTOP: it reads nothing, not the GC's clock either)
+/// while the target runs a minor GC, makes system calls in that GC's time, then
+/// runs a major GC: the events of the minor GC's time are named after the
+/// major one, which rprof must know came after them. It knows from the
+/// reading of the clock BPF made with their first record; without it, every
+/// one of them was `[unknown]` ("collected before they could be read"), as
+/// they were for 1-4% of the events when CPU burners starved rprof.
 fn check_gc_unseen(r: &Ruby) {
     let mut target = r.spawn("gc_unseen.rb", &[]);
     let looper = thread_named(target.pid, "looper");
@@ -103,14 +118,13 @@ fn check_gc_unseen(r: &Ruby) {
         &[("RPROF_SAY_NAMED", "1")],
     );
     rprof.wait_stderr(&format!("rprof: named a whole stack of thread {looper}"));
-    let signal = |pid: u32, sig| {
-        // SAFETY: a signal to a child this test started.
-        assert_eq!(unsafe { libc::kill(pid as i32, sig) }, 0, "signal {sig} to {pid}");
-    };
     signal(rprof.child.id(), libc::SIGSTOP);
+    // Continued however this test ends: a stopped rprof would keep its
+    // programs attached through the tests after it.
+    let stopped = Stopped(rprof.child.id());
     signal(target.pid, libc::SIGUSR1);
     let gcs = target.wait_line("gcs", Duration::from_secs(30));
-    signal(rprof.child.id(), libc::SIGCONT);
+    drop(stopped);
     rprof.interrupt();
     let run = rprof.finish();
     // "gcs minor=COUNT,MAJORS major=COUNT,MAJORS": one minor GC, then one major.
