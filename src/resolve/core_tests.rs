@@ -113,6 +113,54 @@ fn named_stack(dump: &Dump) -> Vec<String> {
         .collect()
 }
 
+/// Every frame of `dump`'s stack named as the leaf (the frames above it
+/// cut off) as in the whole stack: a frame Ruby has entered is never taken
+/// for one it is still pushing (`Resolver::entered`), whatever its kind.
+/// And a leaf method frame whose method-entry slot holds what it can hold
+/// while Ruby pushes it (a Fixnum the stack held there, another method's
+/// entry) is left out. Returns the frames checked that way.
+fn assert_leaves(dump: &Dump) -> usize {
+    let (memory, frames) = open(dump);
+    let layout = memory.layout().clone();
+    let mut resolver = Resolver::with_memory(memory, None, None);
+    let still = SampleTime::at(Reading::STILL.time);
+    let whole = resolver.stack(&frames, still);
+    for k in 0..frames.len() {
+        let cut = resolver.stack(&frames[k..], still);
+        assert_eq!(cut[0], whole[k], "frame {k} as the leaf");
+    }
+    // Methods (`Class#name`) with Ruby code, leaf first.
+    let methods: Vec<usize> = (0..frames.len())
+        .filter(|&k| frames[k].iseq != 0)
+        .filter(|&k| matches!(&whole[k], Ok(f) if f.name.contains('#') && !f.name.starts_with("block")))
+        .filter(|&k| {
+            let m = resolver.memory.header(frames[k].iseq);
+            m.and_then(|h| resolver.memory.iseq(frames[k].iseq, h))
+                .is_some_and(|i| i.type_ == layout.iseq.type_method)
+        })
+        .collect();
+    let mut checked = 0;
+    for (i, &k) in methods.iter().enumerate() {
+        // Another method's entry: one that runs other code.
+        let Some(&other) = methods[i..].iter().find(|&&o| frames[o].iseq != frames[k].iseq) else {
+            continue;
+        };
+        let mut pushed = frames[k..].to_vec();
+        for slot in [0x1771, frames[other].cme] {
+            pushed[0].cme = slot;
+            let cut = resolver.stack(&pushed, still);
+            assert_eq!(
+                cut[0],
+                Err(Unknown::NotAFrame),
+                "frame {k} with {slot:#x} for its method entry"
+            );
+            assert_eq!(cut[1..], whole[k + 1..], "the frames under {k}");
+            checked += 1;
+        }
+    }
+    checked
+}
+
 /// `"label path:line"` of a Ruby frame.
 fn at(label: &str, path: &str, line: u32) -> String {
     format!("{label} {path}:{line}")
@@ -146,6 +194,7 @@ fn ruby_3_1_0_core() {
         "Kernel#sleep".to_string(),
     ];
     assert_eq!(named_stack(&dump), expected);
+    assert!(assert_leaves(&dump) >= 4);
     assert_block_of_main(&dump, 4);
 }
 
@@ -180,6 +229,7 @@ fn ruby_3_2_0_core_of_an_arm_ruby() {
         "Kernel#sleep".to_string(),
     ];
     assert_eq!(named_stack(&dump), expected);
+    assert!(assert_leaves(&dump) >= 4);
 }
 
 /// rbspy's `infinite_on_cpu.rb`, as on every Ruby from 3.3: Kernel#loop is
@@ -209,6 +259,7 @@ fn ruby_3_3_0_core() {
     };
     let expected = infinite_on_cpu("<main> PATH:19", "block in <main> PATH:20", 187);
     assert_eq!(named_stack(&dump), expected);
+    assert!(assert_leaves(&dump) >= 4);
 }
 
 /// Class paths: nested (`B::Ab`, `C::Cb`) and a block in a method.
@@ -234,6 +285,7 @@ fn ruby_3_3_0_core_with_classes() {
         "Kernel#sleep".to_string(),
     ];
     assert_eq!(named_stack(&dump), expected);
+    assert!(assert_leaves(&dump) >= 4);
 }
 
 /// rbspy's `cme_complex_labels.rb` over `interesting_backtrace_helper.rb`:
@@ -308,6 +360,7 @@ fn ruby_3_4_5_core() {
         "Kernel#sleep".to_string(),
     ];
     assert_eq!(named_stack(&dump), expected);
+    assert!(assert_leaves(&dump) >= 4);
 }
 
 /// Ruby 4.0: the classext at klass+24 (`Object#aaa`, `Kernel#loop`), the
@@ -326,5 +379,6 @@ fn ruby_4_0_0_core() {
     };
     let expected = infinite_on_cpu(NOT_IN_CORE, NOT_IN_CORE, 169);
     assert_eq!(named_stack(&dump), expected);
+    assert!(assert_leaves(&dump) >= 4);
     assert_block_of_main(&dump, 4);
 }

@@ -53,6 +53,8 @@ pub struct MethodEntry {
     pub original_id: Option<u64>,
     /// A C method's function (`def->body.cfunc.func`), where its native frames start.
     pub cfunc: Option<u64>,
+    /// A Ruby method's code (`def->body.iseq.iseqptr`): what its frames run.
+    pub iseq: Option<u64>,
 }
 
 /// What a class or module is, for naming methods after it.
@@ -211,25 +213,24 @@ impl Memory {
             .ok()
             .filter(|&o| Self::is_object(o));
         let def = self.space.read_u64(cme + l.def as u64).ok()?;
-        let (original_id, cfunc) = if def == 0 {
-            (None, None)
+        let (original_id, cfunc, iseq) = if def == 0 {
+            (None, None, None)
         } else {
-            // The method type is the low bits of the definition's first word.
-            let is_cfunc = self
-                .space
-                .read_u32(def)
-                .is_ok_and(|w| u64::from(w & 0xf) == l.type_cfunc as u64);
+            // The method type is the low bits of the definition's first word;
+            // a C function and an iseq are both the body's first word.
+            let kind = self.space.read_u32(def).ok().map(|w| w & 0xf);
+            let body = || self.space.read_u64(def + l.def_body as u64).ok();
             (
                 self.space.read_u64(def + l.def_original_id as u64).ok(),
-                is_cfunc
-                    .then(|| self.space.read_u64(def + l.def_body as u64).ok())
-                    .flatten(),
+                (kind == Some(l.type_cfunc)).then(body).flatten(),
+                (kind == Some(l.type_iseq)).then(body).flatten(),
             )
         };
         Some(MethodEntry {
             owner,
             original_id,
             cfunc,
+            iseq,
         })
     }
 

@@ -466,7 +466,7 @@ impl Resolver {
             return Err(Unknown::NotAFrame);
         }
         if f.iseq != 0 {
-            self.ruby_frame(f.iseq, f.pc, f.cme, trust, sample)
+            self.ruby_frame(f, trust, sample, leaf)
         } else {
             self.cfunc_label(f.cme, sample, leaf).map(Frame::cmethod)
         }
@@ -474,12 +474,12 @@ impl Resolver {
 
     fn ruby_frame(
         &mut self,
-        addr: u64,
-        pc: u64,
-        cme: u64,
+        f: &types::rprof_frame,
         trust: PcTrust,
         sample: SampleTime,
+        leaf: bool,
     ) -> Result<Frame, Unknown> {
+        let (addr, pc) = (f.iseq, f.pc);
         let (iseq, serial, current) = match self.iseq(addr, sample) {
             Ok(found) => found,
             // No iseq and no pc: a block written in C (an ifunc), which
@@ -497,7 +497,11 @@ impl Resolver {
             // just one, never a guessed one.
             self.line(serial, WHOLE_ISEQ, current, |m| Ok(m.single_line(&iseq)))?
         };
-        let owner = self.owner(cme, sample)?;
+        let entry = self.frame_method(f.cme, sample)?;
+        if leaf && !self.entered(addr, &iseq, entry.as_ref().map(|e| &e.0), sample) {
+            return Err(Unknown::NotAFrame);
+        }
+        let owner = entry.and_then(|(m, pinned)| m.owner.map(|at| Owner { at, pinned }));
         let label = self.iseq_label(owner, addr, sample, 0)?;
         Ok(Frame {
             line,
@@ -505,14 +509,52 @@ impl Resolver {
         })
     }
 
-    /// The owner of the method entry at `cme`, if that is one (a frame
-    /// outside any method has a cref there); a method's label then needs it.
-    fn owner(&mut self, cme: u64, sample: SampleTime) -> Result<Option<Owner>, Unknown> {
+    /// The method entry at `cme`, if that is one (a frame outside any
+    /// method has a cref there), and whether it is the object it was at the
+    /// sample; a method's label needs its owner.
+    fn frame_method(&mut self, cme: u64, sample: SampleTime) -> Result<Option<(MethodEntry, bool)>, Unknown> {
         match self.method(cme, sample) {
-            Ok((m, _, current)) => Ok(m.and_then(|m| m.owner).map(|at| Owner { at, pinned: current })),
+            Ok((m, _, current)) => Ok(m.map(|m| (m, current))),
             Err(Unknown::Unreadable) => Ok(None),
             Err(e) => Err(e),
         }
+    }
+
+    /// Whether the leaf frame running `iseq` (at `addr`) has been entered.
+    /// Ruby points `ec->cfp` at a new frame and writes the frame's env
+    /// slots in whichever order its compiler chose, so a sample can catch a
+    /// frame whose method-entry slot still holds what the stack held there
+    /// before: Ruby 2.7's churn showed `churn_301` without its class, the
+    /// slot holding Fixnum 3000 (the argument `send` had moved down), its
+    /// pc at the method's first instruction, and a class_eval's code as
+    /// `block in run`. A frame of a method, or of code in one (a block, an
+    /// eval, a rescue), whose entry is missing or runs other code is such a
+    /// frame; the thread still runs its caller's call, so the frame is left
+    /// out, as a C method's being pushed is (`cfunc_label`).
+    fn entered(&mut self, addr: u64, iseq: &Iseq, entry: Option<&MethodEntry>, sample: SampleTime) -> bool {
+        let method = self.memory.layout().iseq.type_method;
+        let (local, code) = if iseq.type_ == method {
+            (addr, iseq.encoded)
+        } else if iseq.local != 0 && iseq.local != addr {
+            match self.iseq(iseq.local, sample) {
+                Ok((local, ..)) if local.type_ == method => (iseq.local, local.encoded),
+                _ => return true,
+            }
+        } else {
+            return true;
+        };
+        let Some(entry) = entry else { return false };
+        let Some(runs) = entry.iseq else {
+            // A block run as a method (define_method), or code in one: its
+            // entry runs a proc.
+            return iseq.type_ != method;
+        };
+        // Compaction moves iseqs but not their code, which proves sameness
+        // whichever side of a move each address was read on.
+        runs == local
+            || self
+                .iseq(runs, sample)
+                .map_or(true, |(other, ..)| other.encoded == code)
     }
 
     /// A line of the iseq reading `serial`: the line of `pc`, or with
