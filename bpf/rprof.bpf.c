@@ -538,6 +538,13 @@ static __always_inline bool gc_kind_set(struct rprof_proc *p, struct scratch *s,
 	return major + minor == count;
 }
 
+/* Inside a GC but in no phase: at its start (counted, not yet marking) or
+ * at its end; the count does not tell which. */
+static __always_inline bool gc_at_edge(__u32 flags)
+{
+	return (flags & RPROF_GC_DURING_GC) && (flags & RPROF_GC_MODE_MASK) == RPROF_GC_MODE_NONE;
+}
+
 /* A reading of the GC's clock made as userspace makes its own (struct
  * rprof_gc_reading), into the record, by the first record of the process
  * at each GC time: a rprof too busy or too starved to read the clock while
@@ -558,9 +565,9 @@ static __always_inline void note_clock(struct rprof_proc *p, struct scratch *s, 
 	    bpf_probe_read_user(&r->majors_after, sizeof(r->majors_after), major))
 		return;
 	*sample_flags |= RPROF_SAMPLE_CLOCK;
-	/* At a GC's edge (inside it, in no phase) the reading does not vouch
-	 * for that GC: the next record at this time reads again. */
-	if (!(r->flags & RPROF_GC_DURING_GC) || (r->flags & RPROF_GC_MODE_MASK))
+	/* At a GC's edge the reading does not vouch for that GC: the next
+	 * record at this time reads again. */
+	if (!gc_at_edge(r->flags))
 		p->clock_sent = time;
 }
 
@@ -592,9 +599,7 @@ static __always_inline int read_gc_time(struct rprof_proc *p, struct scratch *s,
 	if (marking && !gc_kind_set(p, s, copied, span, count))
 		flags |= RPROF_GC_KIND_UNSET;
 	*time = count * 2 + (marking ? 0 : 1);
-	/* Inside a GC but in no phase, the count does not tell which side of its
-	 * marking this is: at its start (counted, not yet marking) or its end. */
-	if ((flags & RPROF_GC_DURING_GC) && (flags & RPROF_GC_MODE_MASK) == RPROF_GC_MODE_NONE)
+	if (gc_at_edge(flags))
 		*sample_flags |= RPROF_SAMPLE_GC_EDGE;
 	/* Compaction moves objects past marking without a new count. */
 	if ((flags & RPROF_GC_DURING_COMPACTING) && !marking)

@@ -74,18 +74,12 @@ fn a_syscall_made_without_the_gvl_is_charged_to_its_own_thread() {
     );
 }
 
-fn signal(pid: u32, sig: i32) {
-    // SAFETY: a signal to a child this test started.
-    assert_eq!(unsafe { libc::kill(pid as i32, sig) }, 0, "signal {sig} to {pid}");
-}
-
 /// A process this test stopped, continued when dropped.
 struct Stopped(u32);
 
 impl Drop for Stopped {
     fn drop(&mut self) {
-        // SAFETY: a signal to a child this test started.
-        unsafe { libc::kill(self.0 as i32, libc::SIGCONT) };
+        common::signal(self.0, libc::SIGCONT);
     }
 }
 
@@ -118,11 +112,12 @@ fn check_gc_unseen(r: &Ruby) {
         &[("RPROF_SAY_NAMED", "1")],
     );
     rprof.wait_stderr(&format!("rprof: named a whole stack of thread {looper}"));
-    signal(rprof.child.id(), libc::SIGSTOP);
+    // A signal that failed silently would let this test pass untested.
+    assert!(common::signal(rprof.child.id(), libc::SIGSTOP), "stopping rprof");
     // Continued however this test ends: a stopped rprof would keep its
     // programs attached through the tests after it.
     let stopped = Stopped(rprof.child.id());
-    signal(target.pid, libc::SIGUSR1);
+    assert!(common::signal(target.pid, libc::SIGUSR1), "signalling the target");
     let gcs = target.wait_line("gcs", Duration::from_secs(30));
     drop(stopped);
     rprof.interrupt();

@@ -430,10 +430,11 @@ pub fn process_of(stack: &[String]) -> Option<&str> {
         .and_then(|f| f["process ".len()..].split(':').next())
 }
 
-/// Sends `sig` to `pid`.
-pub fn signal(pid: u32, sig: libc::c_int) {
+/// Sends `sig` to `pid`; whether it was sent (a process that ended gets
+/// none, which most callers do not mind).
+pub fn signal(pid: u32, sig: libc::c_int) -> bool {
     // SAFETY: kill only sends a signal.
-    unsafe { libc::kill(pid as libc::pid_t, sig) };
+    unsafe { libc::kill(pid as libc::pid_t, sig) == 0 }
 }
 
 /// The processes whose parent is `pid`, now.
