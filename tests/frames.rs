@@ -437,7 +437,11 @@ fn check_code_churn(r: &Ruby) {
         };
         let target = r.spawn("churn.rb", args);
         let _busy = saturated.then(Busy::start);
-        let mut rprof_args = vec!["-d", "3", "-F", "499"];
+        // Saturated, the churning processes get half a CPU or less between
+        // them: 6 s gives Ruby 2.7's as many samples as 3 s gives an idle
+        // run (702-774 samples in 3 s in 30 runs, at most 6 [unknown], and
+        // once 8 of 737: past the 1% below on a count that small).
+        let mut rprof_args = vec!["-d", if saturated { "6" } else { "3" }, "-F", "499"];
         if saturated {
             rprof_args.push("--subprocesses");
         }
