@@ -129,13 +129,13 @@ fn assert_leaves(dump: &Dump) -> usize {
         let cut = resolver.stack(&frames[k..], still);
         assert_eq!(cut[0], whole[k], "frame {k} as the leaf");
     }
-    // Methods (`Class#name`) with Ruby code, leaf first.
+    // Named frames of Ruby methods, leaf first.
     let methods: Vec<usize> = (0..frames.len())
-        .filter(|&k| frames[k].iseq != 0)
-        .filter(|&k| matches!(&whole[k], Ok(f) if f.name.contains('#') && !f.name.starts_with("block")))
+        .filter(|&k| frames[k].iseq != 0 && whole[k].is_ok())
         .filter(|&k| {
-            let m = resolver.memory.header(frames[k].iseq);
-            m.and_then(|h| resolver.memory.iseq(frames[k].iseq, h))
+            let header = resolver.memory.header(frames[k].iseq);
+            header
+                .and_then(|h| resolver.memory.iseq(frames[k].iseq, h))
                 .is_some_and(|i| i.type_ == layout.iseq.type_method)
         })
         .collect();
