@@ -144,11 +144,15 @@ fn every_ruby_pushed_under_its_own_labels() {
             assert_eq!(header("authorization"), Some("Basic MTIzOnMzY3JldA=="));
             assert_eq!(header("content-encoding"), Some("gzip"));
         }
-        // One profile per interval, each starting where the last ended
-        // (within the 0.5 s an epoch takes).
+        // One profile per interval (within the 0.5 s an epoch takes), each
+        // starting exactly where the last ended: both are dated by the
+        // recording's clock. (They were dated when flushed, from a start
+        // taken before the agent's set-up: 2-3 s early beside three CPU
+        // burners, 10 runs of 10.)
         for w in mine.windows(2) {
             let gap = w[1].time_nanos - w[0].time_nanos;
             assert!((500_000_000..=2_000_000_000).contains(&gap), "{:#?}", w);
+            assert_eq!(gap, w[0].duration_nanos, "not contiguous: {:#?}", w);
         }
     }
     assert!(

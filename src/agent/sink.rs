@@ -45,6 +45,8 @@ pub struct Pusher {
     /// The interval under way: since when (recording time, and Unix time).
     part_start_ns: u64,
     part_start_unix_ns: u64,
+    /// The recording's start, Unix time: recording time counts from it.
+    started_unix_ns: u64,
     /// Of the recording so far, for the minute line.
     pushed_profiles: u64,
     /// Ruby processes profiled at the last epoch.
@@ -71,7 +73,8 @@ impl Pusher {
             sender,
             parts: HashMap::new(),
             part_start_ns: 0,
-            part_start_unix_ns: recording::unix_now_ns(),
+            part_start_unix_ns: 0,
+            started_unix_ns: 0,
             pushed_profiles: 0,
             rubies: 0,
             trimmed: 0,
@@ -120,8 +123,11 @@ impl Pusher {
         // Processes that ended are not pushed again.
         parts.retain(|_, p| !p.ended);
         self.parts = parts;
+        // Dated by the recording's clock, as its counts are: not when they
+        // were flushed, which comes later by however long the epoch took
+        // to close.
         self.part_start_ns = end_ns;
-        self.part_start_unix_ns = recording::unix_now_ns();
+        self.part_start_unix_ns = self.started_unix_ns + end_ns;
     }
 
     /// The part as gzipped pprof within Pyroscope's limits: its largest
@@ -203,6 +209,11 @@ impl EpochSink for Pusher {
             self.log(totals, progress);
         }
         Ok(())
+    }
+
+    fn begin(&mut self, header: &recording::Header) {
+        self.started_unix_ns = header.started_ns;
+        self.part_start_unix_ns = header.started_ns;
     }
 
     fn finish(&mut self, totals: &Summary) {

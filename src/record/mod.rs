@@ -131,6 +131,12 @@ pub fn record(mut cfg: RecordConfig) -> Result<Option<ExitStatus>> {
         (Target::Command(_) | Target::All, None) => 0,
     };
     collector.warm(&processes, cfg.kernel);
+    // The recording's time starts as the counting is about to (only the
+    // sinks are opened between), not once set up (seeding `wall` with 1,000 blocked threads took 150 ms on a busy
+    // machine, which every thread's total had and the duration did not);
+    // its Unix time is the header's, which sinks date their parts from (the
+    // agent's pushes were dated 2 s early after a slow set-up).
+    let started = Instant::now();
     let header = Header {
         rprof_version: env!("CARGO_PKG_VERSION").to_string(),
         event: cfg.event.recorded(),
@@ -155,10 +161,6 @@ pub fn record(mut cfg: RecordConfig) -> Result<Option<ExitStatus>> {
     };
     let output = output_path(&cfg, format, &file_stem, header.started_ns);
     let sinks = open_sinks(&cfg, &header, format, &output, &file_stem, external)?;
-    // The recording's time starts as the counting does, not once set up:
-    // seeding `wall` with 1,000 blocked threads took 150 ms on a busy
-    // machine, which every thread's total had and the duration did not.
-    let started = Instant::now();
     cfg.event.attach(&mut probe)?;
     // Those given by PID must be probed (alloc); others are said and left out.
     let strict: Vec<u32> = match &cfg.target {

@@ -28,6 +28,9 @@ pub trait EpochSink {
         progress: &Progress,
         rubies: usize,
     ) -> Result<()>;
+    /// The recording begins: its header says when (Unix time), which the
+    /// epochs' times count from.
+    fn begin(&mut self, header: &Header);
     /// The recording ended: what is still held goes now.
     fn finish(&mut self, totals: &Summary);
 }
@@ -145,8 +148,11 @@ pub fn open_sinks(
     format: Format,
     output: &Output,
     named: &str,
-    external: Option<Box<dyn EpochSink>>,
+    mut external: Option<Box<dyn EpochSink>>,
 ) -> Result<Sinks> {
+    if let Some(x) = &mut external {
+        x.begin(header);
+    }
     let discard = (cfg.top && cfg.output.is_none()) || external.is_some();
     let mut sinks = Sinks {
         streams: Vec::new(),
