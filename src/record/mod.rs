@@ -132,10 +132,11 @@ pub fn record(mut cfg: RecordConfig) -> Result<Option<ExitStatus>> {
     };
     collector.warm(&processes, cfg.kernel);
     // The recording's time starts as the counting is about to (only the
-    // sinks are opened between), not once set up (seeding `wall` with 1,000 blocked threads took 150 ms on a busy
-    // machine, which every thread's total had and the duration did not);
-    // its Unix time is the header's, which sinks date their parts from (the
-    // agent's pushes were dated 2 s early after a slow set-up).
+    // sinks are opened between), not once set up: seeding `wall` with 1,000
+    // blocked threads took 150 ms on a busy machine, which every thread's
+    // total had and the duration did not. Its Unix time is the header's,
+    // which sinks date their parts from (the agent's pushes were dated 2-3 s
+    // early after a slow set-up).
     let started = Instant::now();
     let header = Header {
         rprof_version: env!("CARGO_PKG_VERSION").to_string(),
