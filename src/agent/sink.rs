@@ -42,9 +42,8 @@ pub struct Pusher {
     sender: Sender,
     /// By (PID, start time).
     parts: HashMap<(u32, u64), Part>,
-    /// The interval under way: since when (recording time, and Unix time).
+    /// The interval under way: since when (recording time).
     part_start_ns: u64,
-    part_start_unix_ns: u64,
     /// The recording's start, Unix time: recording time counts from it.
     started_unix_ns: u64,
     /// Of the recording so far, for the minute line.
@@ -73,7 +72,6 @@ impl Pusher {
             sender,
             parts: HashMap::new(),
             part_start_ns: 0,
-            part_start_unix_ns: 0,
             started_unix_ns: 0,
             pushed_profiles: 0,
             rubies: 0,
@@ -81,6 +79,13 @@ impl Pusher {
             last_log: Instant::now(),
             unit,
         }
+    }
+
+    /// The interval's start in Unix time: dated by the recording's clock,
+    /// as its counts are, not by when the last interval was flushed (later
+    /// by however long its epoch took to close).
+    fn part_start_unix_ns(&self) -> u64 {
+        self.started_unix_ns + self.part_start_ns
     }
 
     fn add(&mut self, (thread, stack, n): &Counted) {
@@ -114,7 +119,7 @@ impl Pusher {
                 self.sender.push(Profile {
                     labels,
                     pprof,
-                    start_ns: self.part_start_unix_ns,
+                    start_ns: self.part_start_unix_ns(),
                 });
                 self.pushed_profiles += 1;
             }
@@ -123,11 +128,7 @@ impl Pusher {
         // Processes that ended are not pushed again.
         parts.retain(|_, p| !p.ended);
         self.parts = parts;
-        // Dated by the recording's clock, as its counts are: not when they
-        // were flushed, which comes later by however long the epoch took
-        // to close.
         self.part_start_ns = end_ns;
-        self.part_start_unix_ns = self.started_unix_ns + end_ns;
     }
 
     /// The part as gzipped pprof within Pyroscope's limits: its largest
@@ -144,7 +145,7 @@ impl Pusher {
             let pprof = pprof_of(
                 &counts[..keep],
                 unit,
-                self.part_start_unix_ns,
+                self.part_start_unix_ns(),
                 duration_ns,
                 &part.process,
             )?;
@@ -213,7 +214,6 @@ impl EpochSink for Pusher {
 
     fn begin(&mut self, header: &recording::Header) {
         self.started_unix_ns = header.started_ns;
-        self.part_start_unix_ns = header.started_ns;
     }
 
     fn finish(&mut self, totals: &Summary) {
