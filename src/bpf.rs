@@ -694,6 +694,25 @@ impl Probe {
         }
     }
 
+    /// Reads a batch of records from the ring buffer unless a batch waits
+    /// already; how many records wait (read and not yet handed out).
+    pub fn take_in(&mut self) -> Result<usize> {
+        if self.queue.borrow().len() < BATCH {
+            self.consume_batch()?;
+        }
+        Ok(self.queue.borrow().len())
+    }
+
+    /// The records waiting from the `from`-th on, parsed, not handed out.
+    pub fn waiting_from(&self, from: usize) -> Vec<Record> {
+        self.queue
+            .borrow()
+            .iter()
+            .skip(from)
+            .filter_map(|data| parse_record(data))
+            .collect()
+    }
+
     /// The next record read from the ring buffer and not yet handed out
     /// (ones that do not parse are skipped).
     fn queued(&self) -> Option<Record> {

@@ -1,4 +1,5 @@
-//! When the recording loop reads the ring buffer.
+//! When the recording loop reads the ring buffer, and when it counts what
+//! it read.
 //!
 //! BPF never wakes rprof for a record (`wakeup_flags` in bpf/rprof.bpf.c):
 //! woken by the record of each sample, rprof ran right after every sampling
@@ -6,8 +7,15 @@
 //! start microseconds apart and keep their phase), and those ticks found
 //! rprof instead of the thread it had displaced. A Puma worker got from half
 //! to 1.17 of its share of samples (24 workers, 2026-11-25) while a bpftrace
-//! sampler at the same rate counted it steadily. Reading at random moments
-//! instead, rprof displaces threads as often at a tick as anywhere else.
+//! sampler at the same rate counted it steadily. So rprof reads at random
+//! moments. Reading so was not enough: the work a record causes still came
+//! at the first reading after the tick that took it, and ended well before
+//! the next tick, so ticks hardly ever found rprof at work and found the
+//! thread it had displaced instead (a Rails worker got up to 1.16 times the
+//! samples its CPU time gives; traced, rprof had 8.1% of the CPUs' time and
+//! 2.4% of the ticks). A [`Hold`] starts the counting at a moment spread
+//! evenly over a period, where a tick is as likely to come as anywhere; the
+//! naming, still done at once, is what is left (bench/tick-share).
 
 use std::ops::RangeInclusive;
 use std::time::{Duration, Instant};
@@ -60,17 +68,27 @@ impl Pace {
         }
     }
 
-    /// Sleeps until the next reading: not at all with a backlog.
-    pub fn sleep(&self) {
+    /// Whether it reads often: urgent records came in the last second.
+    pub fn fast(&self) -> bool {
+        self.last_urgent.elapsed() < Self::QUIET
+    }
+
+    /// Sleeps until the next reading (not at all with a backlog), or until
+    /// `until` if that comes first.
+    pub fn sleep(&self, until: Option<Instant>) {
         if self.backlog {
             return;
         }
-        let range = if self.last_urgent.elapsed() < Self::QUIET {
+        let range = if self.fast() {
             self.busy_us.clone()
         } else {
             Self::IDLE_US
         };
-        std::thread::sleep(Duration::from_micros(fastrand::u64(range)));
+        let mut wait = Duration::from_micros(fastrand::u64(range));
+        if let Some(until) = until {
+            wait = wait.min(until.saturating_duration_since(Instant::now()));
+        }
+        std::thread::sleep(wait);
     }
 
     /// A reading stopped with more records left (`full`), or not; `urgent`
@@ -80,6 +98,67 @@ impl Pace {
         if urgent {
             self.last_urgent = Instant::now();
         }
+    }
+}
+
+/// When records that came are counted: at a moment drawn evenly over one
+/// sampling period after the loop first saw them waiting. Counting them
+/// (their native and kernel frames, the profile) is most of rprof's work
+/// besides naming their Ruby frames; started at the first reading after a
+/// tick, it ended before the next tick nearly always. Started at a moment
+/// spread over the period, it is where a tick finds it as often as its
+/// share of the time. Ruby frames, whose code the GC may free or move
+/// meanwhile, are named as soon as the records are read
+/// (`Collector::read_ahead`), not held.
+pub struct Hold {
+    /// None: records do not come at ticks (traced events); counted at once.
+    period: Option<Duration>,
+    /// When the records held are due, and how many they are (the first of
+    /// those waiting).
+    held: Option<(Instant, usize)>,
+}
+
+impl Hold {
+    pub fn new(period: Option<Duration>) -> Self {
+        Self { period, held: None }
+    }
+
+    /// How many of the records `waiting` (oldest first) to count now:
+    /// held only if `spread` (the pace is fast: at a slow pace, readings 5
+    /// to 15 ms apart already come at any moment of a period). Records that
+    /// come during a hold wait for the next one: the work would otherwise
+    /// grow whenever a tick came meanwhile.
+    pub fn due(&mut self, waiting: usize, spread: bool) -> usize {
+        let now = Instant::now();
+        match (self.period, self.held) {
+            (Some(_), Some((until, held))) => {
+                if until > now {
+                    return 0;
+                }
+                self.held = None;
+                held
+            }
+            (Some(period), None) if spread && waiting > 0 => {
+                self.held = Some((now + period.mul_f64(fastrand::f64()), waiting));
+                0
+            }
+            _ => waiting,
+        }
+    }
+
+    /// The records held were counted otherwise (an epoch's close).
+    pub fn forget(&mut self) {
+        self.held = None;
+    }
+
+    /// Whether records would be held (they come at ticks).
+    pub fn holds(&self) -> bool {
+        self.period.is_some()
+    }
+
+    /// When the records held are due, if some are.
+    pub fn until(&self) -> Option<Instant> {
+        self.held.map(|(until, _)| until)
     }
 }
 

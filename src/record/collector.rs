@@ -99,6 +99,29 @@ impl Collector {
         }
     }
 
+    /// Names the Ruby frames of the records waiting from the `from`-th on
+    /// as soon as they are read: the GC may free or move their code before
+    /// they are counted (src/pace.rs, `Hold`). Counting finds them named.
+    pub fn read_ahead(&mut self, probe: &Probe, processes: &mut Processes, from: usize) {
+        for r in probe.waiting_from(from) {
+            let Record::Sample(s) = r else { continue };
+            // Code rprof has not mapped yet: named when counted, after it
+            // reads the mappings again (`on_record`), or a C method's
+            // function would not be known as its own.
+            if s.header.native_stop == types::rprof_native_stop::RPROF_NATIVE_NO_MAPPING.0 {
+                continue;
+            }
+            let Some((f, unwinder)) = processes.get_with_native(s.header.pid, s.header.start_ticks) else {
+                continue;
+            };
+            let Some(ruby) = f.ruby.as_mut() else { continue };
+            if let Some(r) = s.clock_reading() {
+                ruby.resolver.note_reading(&r);
+            }
+            self.name_ruby(&s, &mut ruby.resolver, unwinder);
+        }
+    }
+
     /// A record from BPF: a stack, or a change in the followed processes.
     pub fn on_record(&mut self, r: Record, processes: &mut Processes, probe: &mut Probe) -> Result<()> {
         self.urgent |= !matches!(&r, Record::Sample(s) if s.code_is_old());

@@ -179,4 +179,14 @@ impl EventSpec {
             EventSpec::Syscalls(_) | EventSpec::Alloc { .. } => Duration::from_millis(2),
         }
     }
+
+    /// The period of the ticks that take its samples on every CPU, if it is
+    /// sampled at ticks: the recording loop counts their records at moments
+    /// spread over it (src/pace.rs, `Hold`).
+    pub fn tick_period(&self) -> Option<Duration> {
+        match self {
+            EventSpec::Cpu { .. } | EventSpec::Wall { .. } => Some(self.period()),
+            EventSpec::Syscalls(_) | EventSpec::Alloc { .. } => None,
+        }
+    }
 }

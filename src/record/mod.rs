@@ -22,7 +22,7 @@ use anyhow::Result;
 use crate::bpf::{self, Probe};
 use crate::cli::Format;
 use crate::launch::StopSignals;
-use crate::pace::{Every, Pace};
+use crate::pace::{Every, Hold, Pace};
 use crate::processes::Processes;
 use crate::recording::{self, Header, RenderOptions, Summary};
 use crate::resolve::NativeNames;
@@ -187,6 +187,7 @@ pub fn record(mut cfg: RecordConfig) -> Result<Option<ExitStatus>> {
         child,
         started,
         epoch_started: Instant::now(),
+        read_ahead: 0,
     };
     // An error while recording still writes what was collected before it.
     let error = session.run().err();
@@ -210,6 +211,9 @@ struct Session<'a> {
     unit: &'static str,
     started: Instant,
     epoch_started: Instant,
+    /// How many of the records waiting (oldest first) have been read ahead
+    /// (`Collector::read_ahead`).
+    read_ahead: usize,
 }
 
 impl Session<'_> {
@@ -217,19 +221,31 @@ impl Session<'_> {
     /// the targets end.
     fn run(&mut self) -> Result<()> {
         let mut pace = Pace::new(self.cfg.event.period());
+        let mut hold = Hold::new(self.cfg.event.tick_period());
         // Exits come as records; this is for a target that ends otherwise (a
         // PID rprof follows without its exit, an exec).
         let mut liveness = Every::new(Duration::from_millis(20));
         loop {
-            pace.sleep();
-            let read = self.read_batch()?;
+            pace.sleep(hold.until());
+            let waiting = self.probe.take_in()?;
+            let spread = hold.holds() && pace.fast();
+            if spread {
+                self.collector
+                    .read_ahead(&self.probe, &mut self.processes, self.read_ahead);
+            }
+            self.read_ahead = waiting;
+            let read = self.read_batch(hold.due(waiting, spread))?;
+            self.read_ahead = self.read_ahead.saturating_sub(read);
             pace.read(read == bpf::BATCH, self.collector.take_urgent());
             self.tick()?;
             if self.ended(&mut liveness) {
                 return Ok(());
             }
             if self.epoch_started.elapsed() >= EPOCH {
+                // It counts every record read so far, held or not.
                 self.close_epoch()?;
+                hold.forget();
+                self.read_ahead = 0;
             }
             if self.signals.take_write_request() {
                 self.write_window()?;
@@ -245,9 +261,9 @@ impl Session<'_> {
 
     /// A batch of records at most, and no further once time is up: a
     /// starved rprof still stops when asked (the rest is read at the end).
-    fn read_batch(&mut self) -> Result<usize> {
+    fn read_batch(&mut self, most: usize) -> Result<usize> {
         let mut read = 0;
-        while read < bpf::BATCH && !self.time_is_up() {
+        while read < most.min(bpf::BATCH) && !self.time_is_up() {
             let Some(r) = self.probe.next_record()? else { break };
             self.collector
                 .on_record(r, &mut self.processes, &mut self.probe)?;
