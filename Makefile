@@ -62,6 +62,7 @@ bench: build
 	bench/syscall-storm
 	bench/sample-cost
 	bench/reader-cost
+	bench/tick-share
 	bench/cluster
 	bench/forks
 	bench/native
