@@ -2,7 +2,7 @@
 //! it the recipe of each target process, attaches it to events, and reads
 //! back stacks (ring buffer), counts (the `counts` map) and statistics.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, VecDeque};
 use std::mem::{size_of, MaybeUninit};
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
@@ -145,6 +145,9 @@ pub struct Probe {
     skel: &'static RprofSkel<'static>,
     ring: RingBuffer<'static>,
     queue: Rc<RefCell<VecDeque<Vec<u8>>>>,
+    /// How many of the queue's records (from the front) `unseen_waiting`
+    /// has handed out already.
+    seen: Cell<usize>,
     links: Vec<Link>,
     /// `alloc`: the probes in each process (by PID), dropped with it.
     process_links: HashMap<u32, Vec<Link>>,
@@ -304,6 +307,7 @@ impl Probe {
             skel,
             ring,
             queue,
+            seen: Cell::new(0),
             links: Vec::new(),
             process_links: HashMap::new(),
             epoch: 0,
@@ -703,14 +707,17 @@ impl Probe {
         Ok(self.queue.borrow().len())
     }
 
-    /// The records waiting from the `from`-th on, parsed, not handed out.
-    pub fn waiting_from(&self, from: usize) -> Vec<Record> {
-        self.queue
-            .borrow()
+    /// The records waiting that this has not shown before, parsed; they
+    /// stay waiting (to be handed out by `next_record`).
+    pub fn unseen_waiting(&self) -> Vec<Record> {
+        let queue = self.queue.borrow();
+        let unseen = queue
             .iter()
-            .skip(from)
+            .skip(self.seen.get())
             .filter_map(|data| parse_record(data))
-            .collect()
+            .collect();
+        self.seen.set(queue.len());
+        unseen
     }
 
     /// The next record read from the ring buffer and not yet handed out
@@ -718,6 +725,7 @@ impl Probe {
     fn queued(&self) -> Option<Record> {
         loop {
             let data = self.queue.borrow_mut().pop_front()?;
+            self.seen.set(self.seen.get().saturating_sub(1));
             if let Some(record) = parse_record(&data) {
                 return Some(record);
             }

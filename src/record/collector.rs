@@ -99,11 +99,11 @@ impl Collector {
         }
     }
 
-    /// Names the Ruby frames of the records waiting from the `from`-th on
-    /// as soon as they are read: the GC may free or move their code before
-    /// they are counted (src/pace.rs, `Hold`). Counting finds them named.
-    pub fn read_ahead(&mut self, probe: &Probe, processes: &mut Processes, from: usize) {
-        for r in probe.waiting_from(from) {
+    /// Names the Ruby frames of the records waiting as soon as they are
+    /// read: the GC may free or move their code before they are counted
+    /// (src/pace.rs, `Hold`). Counting finds them named.
+    pub fn read_ahead(&mut self, probe: &Probe, processes: &mut Processes) {
+        for r in probe.unseen_waiting() {
             let Record::Sample(s) = r else { continue };
             // Code rprof has not mapped yet: named when counted, after it
             // reads the mappings again (`on_record`), or a C method's

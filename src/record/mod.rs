@@ -187,7 +187,6 @@ pub fn record(mut cfg: RecordConfig) -> Result<Option<ExitStatus>> {
         child,
         started,
         epoch_started: Instant::now(),
-        read_ahead: 0,
     };
     // An error while recording still writes what was collected before it.
     let error = session.run().err();
@@ -211,9 +210,6 @@ struct Session<'a> {
     unit: &'static str,
     started: Instant,
     epoch_started: Instant,
-    /// How many of the records waiting (oldest first) have been read ahead
-    /// (`Collector::read_ahead`).
-    read_ahead: usize,
 }
 
 impl Session<'_> {
@@ -230,12 +226,9 @@ impl Session<'_> {
             let waiting = self.probe.take_in()?;
             let spread = hold.holds() && pace.fast();
             if spread {
-                self.collector
-                    .read_ahead(&self.probe, &mut self.processes, self.read_ahead);
+                self.collector.read_ahead(&self.probe, &mut self.processes);
             }
-            self.read_ahead = waiting;
             let read = self.read_batch(hold.due(waiting, spread))?;
-            self.read_ahead = self.read_ahead.saturating_sub(read);
             pace.read(read == bpf::BATCH, self.collector.take_urgent());
             self.tick()?;
             if self.ended(&mut liveness) {
@@ -245,7 +238,6 @@ impl Session<'_> {
                 // It counts every record read so far, held or not.
                 self.close_epoch()?;
                 hold.forget();
-                self.read_ahead = 0;
             }
             if self.signals.take_write_request() {
                 self.write_window()?;
