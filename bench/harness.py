@@ -5,6 +5,7 @@ import json
 import os
 import re
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -140,6 +141,20 @@ def samples_in(stderr, default):
     many such runs there are depends on where the profiled thread runs."""
     m = re.search(r"rprof: (\d+) samples", stderr or "")
     return int(m.group(1)) if m else default
+
+
+def cpu_seconds(pid):
+    """CPU time `pid` has used so far (user and system), in seconds."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def free_port():
+    """A TCP port on 127.0.0.1 nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def median(xs):
