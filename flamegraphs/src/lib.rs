@@ -22,6 +22,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::io::{self, Write};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
@@ -66,19 +67,21 @@ pub enum FrameKind {
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct Frame {
     pub kind: FrameKind,
-    pub name: String,
-    pub file: Option<String>,
+    /// Shared, not owned: a profiler names the same function in many
+    /// stacks, and a stack is built and dropped for each new sample.
+    pub name: Arc<str>,
+    pub file: Option<Arc<str>>,
     pub line: Option<u32>,
 }
 
 impl Frame {
-    pub fn process(name: impl Into<String>) -> Self {
+    pub fn process(name: impl Into<Arc<str>>) -> Self {
         Self::named(FrameKind::Process, name)
     }
-    pub fn thread(name: impl Into<String>) -> Self {
+    pub fn thread(name: impl Into<Arc<str>>) -> Self {
         Self::named(FrameKind::Thread, name)
     }
-    pub fn code(name: impl Into<String>, file: impl Into<String>, line: u32) -> Self {
+    pub fn code(name: impl Into<Arc<str>>, file: impl Into<Arc<str>>, line: u32) -> Self {
         Self {
             kind: FrameKind::Code,
             name: name.into(),
@@ -87,34 +90,34 @@ impl Frame {
         }
     }
     /// A Ruby method implemented in C (`Integer#times`).
-    pub fn cmethod(name: impl Into<String>) -> Self {
+    pub fn cmethod(name: impl Into<Arc<str>>) -> Self {
         Self::named(FrameKind::CMethod, name)
     }
     /// A native function (`rb_ary_sort_bang`, `libruby.so.3.4+0x1f2e0`).
-    pub fn native_code(name: impl Into<String>) -> Self {
+    pub fn native_code(name: impl Into<Arc<str>>) -> Self {
         Self::named(FrameKind::NativeCode, name)
     }
     /// A kernel function.
-    pub fn kernel(name: impl Into<String>) -> Self {
+    pub fn kernel(name: impl Into<Arc<str>>) -> Self {
         Self::named(FrameKind::Kernel, name)
     }
-    pub fn event(name: impl Into<String>) -> Self {
+    pub fn event(name: impl Into<Arc<str>>) -> Self {
         Self::named(FrameKind::Event, name)
     }
-    pub fn marker(name: impl Into<String>) -> Self {
+    pub fn marker(name: impl Into<Arc<str>>) -> Self {
         Self::named(FrameKind::Marker, name)
     }
 
     /// A garbage collection the thread was running.
-    pub fn gc(name: impl Into<String>) -> Self {
+    pub fn gc(name: impl Into<Arc<str>>) -> Self {
         Self::named(FrameKind::Gc, name)
     }
 
     /// What a thread was doing (`wall`).
-    pub fn state(name: impl Into<String>) -> Self {
+    pub fn state(name: impl Into<Arc<str>>) -> Self {
         Self::named(FrameKind::State, name)
     }
-    fn named(kind: FrameKind, name: impl Into<String>) -> Self {
+    fn named(kind: FrameKind, name: impl Into<Arc<str>>) -> Self {
         Self {
             kind,
             name: name.into(),
@@ -131,7 +134,7 @@ impl Frame {
         match self.kind {
             FrameKind::NativeCode => format!("{}_[n]", self.name),
             FrameKind::Kernel => format!("{}_[k]", self.name),
-            _ => self.name.clone(),
+            _ => self.name.to_string(),
         }
     }
 }

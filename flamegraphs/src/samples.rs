@@ -341,11 +341,11 @@ impl Samples {
             if let Some(t) = self.threads.get(thread as usize) {
                 if split.processes {
                     let p = &self.processes[t.process as usize];
-                    frames.extend(p.parents.iter().map(Frame::process));
-                    frames.push(Frame::process(&p.label));
+                    frames.extend(p.parents.iter().map(|name| Frame::process(name.as_str())));
+                    frames.push(Frame::process(p.label.as_str()));
                 }
                 if split.threads {
-                    frames.push(Frame::thread(&t.label));
+                    frames.push(Frame::thread(t.label.as_str()));
                 }
             }
             let mut code = self.stack_frames(stack).peekable();

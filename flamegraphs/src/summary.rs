@@ -128,7 +128,7 @@ fn write_gc<W: Write>(profile: &Profile, options: &SummaryOptions, w: &mut W) ->
     let mut by_kind: BTreeMap<String, u64> = BTreeMap::new();
     for (frames, n) in profile.stacks() {
         if let Some(gc) = frames.iter().find(|f| f.kind == FrameKind::Gc) {
-            *by_kind.entry(gc.name.clone()).or_default() += n;
+            *by_kind.entry(gc.name.to_string()).or_default() += n;
         }
     }
     if by_kind.is_empty() {
@@ -176,7 +176,7 @@ fn write_states<W: Write>(profile: &Profile, options: &SummaryOptions, w: &mut W
         *by_thread
             .entry(owner)
             .or_default()
-            .entry(state.name.clone())
+            .entry(state.name.to_string())
             .or_default() += n;
         let code: Vec<String> = frames
             .iter()
@@ -187,7 +187,7 @@ fn write_states<W: Write>(profile: &Profile, options: &SummaryOptions, w: &mut W
             .map(|f| f.to_string_without_location())
             .collect();
         *by_state
-            .entry(state.name.clone())
+            .entry(state.name.to_string())
             .or_default()
             .entry(code.join(" < "))
             .or_default() += n;

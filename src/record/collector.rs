@@ -2,7 +2,7 @@
 //! record's stack (or keeps it until the GC stands still), and adds each
 //! closed epoch's counts to the stacks they belong to.
 
-use std::collections::{HashMap, HashSet};
+use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
@@ -434,7 +434,7 @@ impl Collector {
             let leaf = ruby.first().and_then(|r| r.frame.as_ref()).filter(|f| {
                 f.kind == FrameKind::CMethod || f.file.as_deref().is_some_and(|p| p.starts_with("<internal:"))
             });
-            stack.push(Frame::state(wall::state_label(h, leaf.map(|f| f.name.as_str()))));
+            stack.push(Frame::state(wall::state_label(h, leaf.map(|f| &*f.name))));
         } else if h.alloc_type != 0 {
             let (frame, why) = alloc_frame(h, resolver, sample_time(s));
             stack.push(frame);

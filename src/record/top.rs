@@ -359,11 +359,7 @@ fn rows(p: &Profile, by_thread: bool) -> HashMap<String, (u64, u64)> {
     let several = {
         let mut processes: Vec<&str> = stacks
             .iter()
-            .filter_map(|(s, _)| {
-                s.iter()
-                    .find(|f| f.kind == FrameKind::Process)
-                    .map(|f| f.name.as_str())
-            })
+            .filter_map(|(s, _)| s.iter().find(|f| f.kind == FrameKind::Process).map(|f| &*f.name))
             .collect();
         processes.sort();
         processes.dedup();
@@ -378,7 +374,7 @@ fn rows(p: &Profile, by_thread: bool) -> HashMap<String, (u64, u64)> {
         let thread = frames
             .iter()
             .find(|f| f.kind == FrameKind::Thread)
-            .map(|f| f.name.as_str());
+            .map(|f| &*f.name);
         let prefix = match (by_thread, several, pid, thread) {
             (true, true, Some(p), Some(t)) => format!("{p} {t}: "),
             (true, _, _, Some(t)) => format!("{t}: "),

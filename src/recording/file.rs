@@ -12,7 +12,7 @@
 //! incomplete last block (the recording was cut short) and refuses anything
 //! else it does not understand, saying at which byte.
 
-use std::collections::{HashMap, HashSet};
+use foldhash::{HashMap, HashMapExt, HashSet};
 use std::fs::File;
 use std::hash::Hash;
 use std::io::{Read, Write};

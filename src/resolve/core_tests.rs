@@ -87,7 +87,7 @@ fn assert_block_of_main(dump: &Dump, block_in_main: usize) {
     let header = memory.header(block).expect("an object");
     let iseq = memory.iseq(block, header).expect("an iseq");
     let main = frames.last().expect("frames").iseq;
-    assert_eq!(iseq.label, "block in <main>");
+    assert_eq!(&*iseq.label, "block in <main>");
     assert_eq!((iseq.parent, iseq.local), (main, main), "{iseq:?}");
 }
 
@@ -107,7 +107,7 @@ fn named_stack(dump: &Dump) -> Vec<String> {
                 file,
                 line,
             }) => format!("{name} {}:{}", file.unwrap_or_default(), line.unwrap_or(0)),
-            Ok(frame) => frame.name,
+            Ok(frame) => frame.name.to_string(),
             Err(e) => format!("[unknown: {e}]"),
         })
         .collect()

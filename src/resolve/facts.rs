@@ -9,7 +9,7 @@
 //! there before. Facts read while resolving one stack are pending until the GC
 //! clock read after the reads shows that no GC step happened during them.
 
-use std::collections::HashMap;
+use foldhash::{HashMap, HashMapExt};
 
 use crate::gc_time::{GcTime, MajorLog, SampleTime};
 

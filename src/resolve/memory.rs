@@ -6,6 +6,7 @@
 use ruby_structs::Layout;
 
 use std::rc::Rc;
+use std::sync::Arc;
 
 use crate::address_space::AddressSpace;
 use crate::process::Process;
@@ -27,8 +28,8 @@ const MAX_LINE_TABLE: u64 = 64 * 1024;
 #[derive(Debug, Clone)]
 pub struct Iseq {
     pub type_: u32,
-    pub label: String,
-    pub path: String,
+    pub label: Arc<str>,
+    pub path: Arc<str>,
     pub parent: u64,
     pub local: u64,
     pub first_lineno: u32,
@@ -188,8 +189,8 @@ impl Memory {
         Some(Iseq {
             first_lineno,
             type_: u32_at(l.type_) as u32,
-            label: self.rstring(u64_at(l.label))?,
-            path: self.path_of(u64_at(l.pathobj))?,
+            label: self.rstring(u64_at(l.label))?.into(),
+            path: self.path_of(u64_at(l.pathobj))?.into(),
             parent: u64_at(l.parent_iseq),
             local: u64_at(l.local_iseq),
             encoded: u64_at(l.iseq_encoded),

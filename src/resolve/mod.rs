@@ -13,14 +13,16 @@
 #[cfg(test)]
 mod core_tests;
 mod facts;
+mod labels;
 pub mod memory;
 mod native;
 mod stitch;
 pub mod walk;
 
-use std::collections::{HashMap, HashSet};
+use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
 use std::fmt;
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use flamegraphs::Frame;
@@ -31,6 +33,7 @@ use crate::process::Process;
 use crate::target::RubyTarget;
 use crate::unwind::Unwinder;
 use facts::{Facts, Stamp};
+use labels::Labels;
 use memory::{Class, Header, Iseq, Memory, MethodEntry};
 pub use native::NativeNames;
 pub use stitch::RubyFrame;
@@ -126,8 +129,9 @@ pub struct Resolver {
     /// The objects of the sample being named that were old when it was taken.
     old_at_sample: HashSet<u64>,
     /// ID names: an ID names the same symbol for the life of the process.
-    names: HashMap<u64, Rc<str>>,
-    pending_names: Vec<(u64, Rc<str>)>,
+    names: HashMap<u64, Arc<str>>,
+    pending_names: Vec<(u64, Arc<str>)>,
+    labels: Labels,
     serial: u64,
     /// While reading the target's memory: the GC time the reads happen at.
     now: Option<GcTime>,
@@ -165,6 +169,7 @@ impl Resolver {
             old_at_sample: HashSet::new(),
             names: HashMap::new(),
             pending_names: Vec::new(),
+            labels: Labels::default(),
             serial: 0,
             now: None,
             ticked_at: GcTime(0),
@@ -196,6 +201,7 @@ impl Resolver {
             old_at_sample: HashSet::new(),
             names: self.names.clone(),
             pending_names: Vec::new(),
+            labels: Labels::default(),
             serial: self.serial,
             now: None,
             ticked_at: GcTime(0),
@@ -242,6 +248,7 @@ impl Resolver {
         self.classes.tick(r.time, &self.log);
         let live: HashSet<u64> = self.iseqs.serials().collect();
         self.lines.retain(|(serial, _), _| live.contains(serial));
+        self.labels.forget_unused();
     }
 
     /// Whether MJIT runs this process's code: set at boot, never cleared.
@@ -593,7 +600,7 @@ impl Resolver {
     /// in one). The thread still runs its caller's call instruction, so the
     /// frame is left out, as it is from Ruby's backtraces (as are dummy
     /// frames, which have no method entry either).
-    fn cfunc_label(&mut self, cme: u64, sample: SampleTime, leaf: bool) -> Result<String, Unknown> {
+    fn cfunc_label(&mut self, cme: u64, sample: SampleTime, leaf: bool) -> Result<Arc<str>, Unknown> {
         // Not an object's address: a special constant (Qnil, a Fixnum...).
         if leaf && !Memory::is_object(cme) {
             return Err(Unknown::NotAFrame);
@@ -616,7 +623,7 @@ impl Resolver {
         addr: u64,
         sample: SampleTime,
         depth: u32,
-    ) -> Result<String, Unknown> {
+    ) -> Result<Arc<str>, Unknown> {
         let info = self.iseq(addr, sample)?.0;
         let l = self.memory.layout().iseq.clone();
         let t = info.type_;
@@ -644,9 +651,9 @@ impl Resolver {
             }
             let inner = self.iseq_label(owner, cur, sample, depth + 1)?;
             Ok(if level <= 1 {
-                format!("block in {inner}")
+                self.labels.of(format_args!("block in {inner}"))
             } else {
-                format!("block ({level} levels) in {inner}")
+                self.labels.of(format_args!("block ({level} levels) in {inner}"))
             })
         } else if t == l.type_rescue || t == l.type_ensure || t == l.type_eval {
             if info.parent == 0 {
@@ -663,11 +670,11 @@ impl Resolver {
     fn method_name(
         &mut self,
         owner: Option<Owner>,
-        name: &str,
+        name: &Arc<str>,
         sample: SampleTime,
-    ) -> Result<String, Unknown> {
+    ) -> Result<Arc<str>, Unknown> {
         let Some(Owner { at: owner, pinned }) = owner else {
-            return Ok(name.to_string());
+            return Ok(name.clone());
         };
         // A method entry that is the same object at the sample and now kept
         // its owner alive in between (it marks it), so the class read now is
@@ -684,22 +691,25 @@ impl Resolver {
         };
         let class = match self.class(owner, sample) {
             Ok((class, _, _)) => class,
-            Err(Unknown::Unreadable) => return Ok(name.to_string()),
+            Err(Unknown::Unreadable) => return Ok(name.clone()),
             Err(e) => return Err(e),
         };
-        Ok(match &*class {
+        let (path, sep) = match &*class {
             Class::Singleton(Some(attached)) => match self.class(*attached, sample) {
-                Ok((c, _, _)) => named(&c).map(|p| format!("{p}.{name}")),
+                Ok((c, _, _)) => (named(&c), '.'),
                 // Not an object (what Ruby names with the bare name too).
-                Err(Unknown::Unreadable) => None,
+                Err(Unknown::Unreadable) => (None, '.'),
                 Err(e) => return Err(e),
             },
-            c => named(c).map(|p| format!("{p}#{name}")),
-        }
-        .unwrap_or_else(|| name.to_string()))
+            c => (named(c), '#'),
+        };
+        Ok(match path {
+            Some(path) => self.labels.of(format_args!("{path}{sep}{name}")),
+            None => name.clone(),
+        })
     }
 
-    fn id_name(&mut self, id: u64) -> Result<Rc<str>, Unknown> {
+    fn id_name(&mut self, id: u64) -> Result<Arc<str>, Unknown> {
         if let Some(name) = self.names.get(&id) {
             return Ok(name.clone());
         }
@@ -709,7 +719,7 @@ impl Resolver {
         if self.now.is_none() {
             return Err(Unknown::NotYet);
         }
-        let name: Rc<str> = self.memory.id_name(id).ok_or(Unknown::Unreadable)?.into();
+        let name: Arc<str> = self.memory.id_name(id).ok_or(Unknown::Unreadable)?.into();
         self.pending_names.push((id, name.clone()));
         Ok(name)
     }
@@ -880,7 +890,7 @@ pub fn stitched(
             let in_vm = vm_exec.is_some_and(|v| v.file == n.file);
             let name = sym.name.as_deref();
             stitch::NativeFrame {
-                frame: Frame::native_code(&*sym.label),
+                frame: Frame::native_code(sym.label.clone()),
                 file: n.file,
                 start: sym.start,
                 named: name.is_some(),
@@ -896,12 +906,12 @@ pub fn stitched(
     let marker = reason.map(|r| Frame::marker(format!("[native unwind stopped: {r}]")));
     let mut out = stitch::stitch(ruby, &frames, reason.is_none(), marker, all);
     // The kernel's frames, root first, without the tracing that took the sample.
-    let kernel: Vec<std::rc::Rc<str>> = kernel.iter().map(|&a| names.kernel(a)).collect();
+    let kernel: Vec<Arc<str>> = kernel.iter().map(|&a| names.kernel(a)).collect();
     let skip = if all {
         0
     } else {
         kernel.iter().take_while(|n| stitch::is_kernel_tracing(n)).count()
     };
-    out.extend(kernel[skip..].iter().rev().map(|n| Frame::kernel(&**n)));
+    out.extend(kernel[skip..].iter().rev().map(|n| Frame::kernel(n.clone())));
     out
 }

@@ -8,6 +8,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 use std::rc::Rc;
+use std::sync::Arc;
 
 use blazesym::symbolize::source::{Elf, Kernel, Source};
 use blazesym::symbolize::{Input, Symbolized, Symbolizer};
@@ -19,11 +20,11 @@ use crate::unwind::Unwinder;
 #[derive(Debug)]
 pub struct NativeSymbol {
     /// Its name, if a symbol table has it.
-    pub name: Option<Rc<str>>,
+    pub name: Option<Arc<str>>,
     /// Its first instruction (vaddr), by the file's CFI or symbol.
     pub start: Option<u64>,
     /// The frame's text: the name, or `file+0xVADDR`.
-    pub label: Rc<str>,
+    pub label: Arc<str>,
 }
 
 pub struct NativeNames {
@@ -33,7 +34,7 @@ pub struct NativeNames {
     kernel_warm: bool,
     /// By (file serial, vaddr): a file id is reused once its file is gone.
     user: HashMap<(u64, u64), Rc<NativeSymbol>>,
-    kernel: HashMap<u64, Rc<str>>,
+    kernel: HashMap<u64, Arc<str>>,
 }
 
 impl Default for NativeNames {
@@ -79,7 +80,7 @@ impl NativeNames {
         if let Some(s) = self.user.get(&(f.serial, vaddr)) {
             return Some(s.clone());
         }
-        let mut sym = f.plt_name(vaddr).map(|name| (Rc::<str>::from(name), vaddr));
+        let mut sym = f.plt_name(vaddr).map(|name| (Arc::<str>::from(name), vaddr));
         for path in f.debug_file.iter().chain(std::iter::once(&f.path)) {
             if sym.is_some() {
                 break;
@@ -92,7 +93,7 @@ impl NativeNames {
                 }
                 // glibc's internal aliases (`__GI___qsort_r`) as its public names.
                 let name = s.name.strip_prefix("__GI_").unwrap_or(&s.name);
-                sym = Some((Rc::<str>::from(name), s.addr));
+                sym = Some((Arc::<str>::from(name), s.addr));
             }
         }
         let start = f.function_start(vaddr).or(sym.as_ref().map(|s| s.1));
@@ -107,7 +108,7 @@ impl NativeNames {
     }
 
     /// The kernel function at `addr`, from kallsyms.
-    pub fn kernel(&mut self, addr: u64) -> Rc<str> {
+    pub fn kernel(&mut self, addr: u64) -> Arc<str> {
         if let Some(name) = self.kernel.get(&addr) {
             return name.clone();
         }
@@ -117,7 +118,7 @@ impl NativeNames {
             debug_syms: false,
             ..Kernel::default()
         });
-        let name: Rc<str> = match self.symbolizer.symbolize_single(&src, Input::AbsAddr(addr)) {
+        let name: Arc<str> = match self.symbolizer.symbolize_single(&src, Input::AbsAddr(addr)) {
             Ok(Symbolized::Sym(s)) => s.name.into(),
             _ => format!("[kernel {addr:#x}]").into(),
         };

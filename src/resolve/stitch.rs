@@ -324,7 +324,7 @@ mod tests {
         }
     }
     fn names(frames: &[Frame]) -> Vec<&str> {
-        frames.iter().map(|f| f.name.as_str()).collect()
+        frames.iter().map(|f| &*f.name).collect()
     }
 
     /// An extension method calling a -> b -> c, Ruby -> C -> Ruby through a
