@@ -60,7 +60,8 @@ pub struct Collector {
     /// closes, with the epochs it has waited for a walked stack of its kind.
     wall_pending: Vec<(WallKind, u64, u32)>,
     /// A record came since `take_urgent` that must be read soon: one with
-    /// young code (a minor GC may free it), or a process's change.
+    /// young code rprof had to read (a minor GC may free it, and more
+    /// records of it may come), or a process's change.
     urgent: bool,
 }
 
@@ -124,7 +125,8 @@ impl Collector {
 
     /// A record from BPF: a stack, or a change in the followed processes.
     pub fn on_record(&mut self, r: Record, processes: &mut Processes, probe: &mut Probe) -> Result<()> {
-        self.urgent |= !matches!(&r, Record::Sample(s) if s.code_is_old());
+        // A change in the processes; samples are urgent as they are named.
+        self.urgent |= matches!(&r, Record::Process(_));
         match r {
             Record::Sample(s) => {
                 // Code loaded after rprof read the process's mappings.
@@ -474,11 +476,17 @@ impl Collector {
             return (named.clone(), Vec::new());
         }
         let time = sample_time(s);
+        let reads = resolver.reads();
         let frames = if s.has(types::rprof_sample_flags::RPROF_SAMPLE_GC_MOVING) {
             resolver.moving_stack(&s.frames, time)
         } else {
             resolver.stack(&s.frames, time)
         };
+        // Young code that had to be read: more of it may come, which a minor
+        // GC can free before rprof reads it (src/pace.rs). Young code named
+        // from earlier readings (a program that does not allocate runs the
+        // same young code between GCs) can wait.
+        self.urgent |= resolver.reads() != reads && !s.code_is_old();
         let mut unknown = Vec::new();
         let mut ruby = Vec::with_capacity(frames.len());
         for (named, raw) in frames.into_iter().zip(&s.frames) {

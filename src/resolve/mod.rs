@@ -140,6 +140,9 @@ pub struct Resolver {
     ticked: Instant,
     /// A sample was named since the last tick.
     named: bool,
+    /// Stacks whose naming had to read the target's memory (what was known
+    /// did not name them).
+    reads: u64,
 }
 
 /// How often the GC clock of a process with no samples is followed: a
@@ -175,6 +178,7 @@ impl Resolver {
             ticked_at: GcTime(0),
             ticked: Instant::now(),
             named: true,
+            reads: 0,
         };
         // A first reading of the GC's clock, before any sample.
         resolver.tick();
@@ -207,6 +211,7 @@ impl Resolver {
             ticked_at: GcTime(0),
             ticked: Instant::now(),
             named: true,
+            reads: 0,
         };
         let live: HashSet<u64> = resolver.iseqs.serials().collect();
         resolver.lines = self
@@ -287,6 +292,9 @@ impl Resolver {
         // its very end) last microseconds: wait them out here, as later the
         // objects may be gone. Compaction takes longer: the caller retries.
         let deadline = Instant::now() + BUSY_WAIT;
+        if out.contains(&Err(Unknown::NotYet)) {
+            self.reads += 1;
+        }
         while out.contains(&Err(Unknown::NotYet)) {
             let Some(before) = self.read_clock() else { break };
             if !before.unsettled {
@@ -322,6 +330,13 @@ impl Resolver {
             *f = Err(Unknown::Unreadable);
         }
         out
+    }
+
+    /// How many stacks needed reads of the target's memory to be named: one
+    /// that did not was named from what earlier readings hold, which no GC
+    /// takes away while a sample of theirs may still come.
+    pub fn reads(&self) -> u64 {
+        self.reads
     }
 
     /// Names the frames of a sample taken while a compacting GC moved
