@@ -25,7 +25,8 @@ pub struct Pace {
     /// The wait, in µs, while urgent records come.
     busy_us: RangeInclusive<u64>,
     /// When the last urgent record came: one whose young code rprof had to
-    /// read (not named from earlier readings), or a process's change. A record whose every iseq and method entry BPF saw
+    /// read (not named from earlier readings), or a process's change. A
+    /// record whose every iseq and method entry BPF saw
     /// old can wait: only a major GC frees or moves old objects, and rprof
     /// tells when one ran before it read (frames it cannot vouch for are
     /// `[unknown]`, counted). A server's code is old a few GCs after boot:
