@@ -8,20 +8,19 @@ use ruby_structs::Layout;
 use std::rc::Rc;
 use std::sync::Arc;
 
+use super::lines::{self, LineTable};
 use crate::address_space::AddressSpace;
 use crate::process::Process;
 use crate::target::{GlobalSymbols, RubyTarget};
 
 /// Longest string read from the target (labels, paths).
 const MAX_STRING: u64 = 4096;
-/// Entries of Ruby's line-table index below this position are packed in `imm_part`.
-const IMMEDIATE_TABLE_SIZE: u64 = 54;
-const SUCC_BLOCK_SIZE: u64 = 80;
 /// Ivars a class's shape is followed through (Ruby 3.2; a class has a few).
 const MAX_SHAPE_DEPTH: usize = 256;
 /// `INVALID_SHAPE_ID`: the root shape's parent.
 const NO_SHAPE: u32 = u32::MAX;
-/// Largest line table read whole (to tell a one-line iseq): 5,000 entries.
+/// Largest line table read whole with its iseq (its entries, and its index
+/// apart): 5,000 entries; larger ones are read a pc at a time.
 const MAX_LINE_TABLE: u64 = 64 * 1024;
 
 /// What an instruction sequence says about itself.
@@ -38,12 +37,21 @@ pub struct Iseq {
     pub insns_body: u64,
     pub insns_size: u64,
     pub succ_table: u64,
+    /// The line table, read with the iseq unless it is too large.
+    pub lines: Option<Arc<LineTable>>,
 }
 
 impl Iseq {
     /// Whether `pc` lies in this iseq's code (it may point just past the end).
     pub fn contains(&self, pc: u64) -> bool {
         pc >= self.encoded && pc <= self.encoded + self.size * 8
+    }
+
+    /// The position of the instruction running at `pc` (Ruby's calc_pos):
+    /// pc points at the next instruction once one has started.
+    fn position(&self, pc: u64) -> Option<u64> {
+        self.contains(pc)
+            .then(|| ((pc - self.encoded) / 8).saturating_sub(1))
     }
 }
 
@@ -186,7 +194,7 @@ impl Memory {
         } else {
             u32_at(l.first_lineno)
         } as u32;
-        Some(Iseq {
+        let mut iseq = Iseq {
             first_lineno,
             type_: u32_at(l.type_) as u32,
             label: self.rstring(u64_at(l.label))?.into(),
@@ -198,7 +206,10 @@ impl Memory {
             insns_body: u64_at(l.insns_info_body),
             insns_size: u32_at(l.insns_info_size),
             succ_table: u64_at(l.succ_index_table),
-        })
+            lines: None,
+        };
+        iseq.lines = self.line_table(&iseq).map(Arc::new);
+        Some(iseq)
     }
 
     /// The method entry at `cme`, if that is one (a frame outside any method
@@ -416,19 +427,20 @@ impl Memory {
         self.space.read_u64(ptr + index * 8).ok()
     }
 
-    /// The line of `pc` in `info`, as Ruby's calc_pos/get_insn_info compute it.
+    /// The line of `pc` in `info`, as Ruby's calc_pos/get_insn_info compute
+    /// it: from the table read with the iseq, else from the target's memory.
     pub fn line_of(&self, info: &Iseq, pc: u64) -> Option<u32> {
-        if !info.contains(pc) {
-            return None;
+        let pos = info.position(pc)?;
+        if let Some(table) = &info.lines {
+            return table.at(pos);
         }
-        let n = (pc - info.encoded) / 8;
-        // pc points at the next instruction once one has started.
-        let pos = n.saturating_sub(1);
         let index = match info.insns_size {
             0 => return None,
             1 => 0,
+            _ if info.succ_table == 0 => return None,
             size => {
-                let rank = self.succ_index_lookup(info.succ_table, pos)?;
+                let read = |at: u64, buf: &mut [u8]| self.space.read(info.succ_table + at, buf).ok();
+                let rank = lines::rank(read, pos)?;
                 if rank == 0 || rank > size {
                     return None;
                 }
@@ -437,62 +449,45 @@ impl Memory {
         };
         let l = &self.layout.iseq;
         let entry = info.insns_body + index * l.insn_info_entry_size as u64 + l.insn_info_line_no as u64;
-        match self.space.read_u32(entry).ok()? {
-            // A frame pushed but not started sits on a line-0 bookkeeping
-            // instruction in some versions: it is at the start of its code.
-            0 => Some(info.first_lineno),
-            line => Some(line),
-        }
+        let line = self.space.read_u32(entry).ok()?;
+        Some(entry_line(info, line))
     }
 
     /// The line every instruction of `info` sits on, if they all sit on one
     /// (a one-line block or method): then any pc of it, even a stale one, is
-    /// on that line. Line 0 entries are bookkeeping at the iseq's start.
+    /// on that line.
     pub fn single_line(&self, info: &Iseq) -> Option<u32> {
-        let l = &self.layout.iseq;
-        let entry = u64::from(l.insn_info_entry_size);
-        if info.insns_size == 0 || info.insns_size * entry > MAX_LINE_TABLE {
-            return None;
-        }
-        let mut raw = vec![0u8; (info.insns_size * entry) as usize];
-        self.space.read(info.insns_body, &mut raw).ok()?;
-        let at = l.insn_info_line_no as usize;
-        let mut lines = raw
-            .chunks_exact(entry as usize)
-            .map(|e| match u32_in(e, at).unwrap_or(0) {
-                0 => info.first_lineno,
-                line => line,
-            });
-        let first = lines.next()?;
-        lines.all(|line| line == first).then_some(first)
+        info.lines.as_ref()?.single()
     }
 
-    /// Ruby's succinct bit vector lookup (iseq.c succ_index_lookup).
-    fn succ_index_lookup(&self, table: u64, pos: u64) -> Option<u64> {
-        if table == 0 {
-            return None;
-        }
-        if pos < IMMEDIATE_TABLE_SIZE {
-            let word = self.space.read_u64(table + 8 * (pos / 9)).ok()?;
-            return Some((word >> (7 * (pos % 9))) & 0x7f);
-        }
-        let x = pos - IMMEDIATE_TABLE_SIZE;
-        let block = table + 8 * (IMMEDIATE_TABLE_SIZE / 9) + (x / 512) * SUCC_BLOCK_SIZE;
-        let mut raw = [0u8; SUCC_BLOCK_SIZE as usize];
-        self.space.read(block, &mut raw).ok()?;
-        let word = |off: usize| u64_in(&raw, off).unwrap_or(0);
-        let rank = u32_in(&raw, 0).map_or(0, u64::from);
-        let small_ranks = word(8);
-        let bit = x % 512;
-        let j = bit / 64;
-        let small = if j > 0 {
-            (small_ranks >> ((j - 1) * 9)) & 0x1ff
+    /// `info`'s line table, read whole if it is not too large.
+    fn line_table(&self, info: &Iseq) -> Option<LineTable> {
+        let l = &self.layout.iseq;
+        let entry = u64::from(l.insn_info_entry_size);
+        let index_len = if info.insns_size > 1 {
+            lines::index_len(info.size)
         } else {
             0
         };
-        let bits = word(16 + 8 * j as usize);
-        let pop = (bits << (63 - bit % 64)).count_ones() as u64;
-        Some(rank + small + pop)
+        let entries_len = info.insns_size * entry;
+        if entries_len > MAX_LINE_TABLE
+            || index_len > MAX_LINE_TABLE
+            || (index_len > 0 && info.succ_table == 0)
+        {
+            return None;
+        }
+        let mut raw = vec![0u8; entries_len as usize];
+        self.space.read(info.insns_body, &mut raw).ok()?;
+        let at = l.insn_info_line_no as usize;
+        let lines: Vec<u32> = raw
+            .chunks_exact(entry as usize)
+            .map(|e| entry_line(info, u32_in(e, at).unwrap_or(0)))
+            .collect();
+        let mut index = vec![0u8; index_len as usize];
+        if index_len > 0 {
+            self.space.read(info.succ_table, &mut index).ok()?;
+        }
+        LineTable::decode(info.size, &index, &lines)
     }
 
     /// Thread#name of the Ruby thread at `th`, if it has one.
@@ -525,6 +520,16 @@ impl Memory {
         let chunk = self.rarray_entry(ids, serial / s.id_entry_unit)?;
         let name = self.rarray_entry(chunk, (serial % s.id_entry_unit) * 2)?;
         self.rstring(name)
+    }
+}
+
+/// An entry's line: line 0 entries are bookkeeping at the iseq's start (a
+/// frame pushed but not started sits on one in some versions), so they are
+/// on its first line.
+fn entry_line(info: &Iseq, line: u32) -> u32 {
+    match line {
+        0 => info.first_lineno,
+        line => line,
     }
 }
 

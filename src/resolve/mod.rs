@@ -14,6 +14,7 @@
 mod core_tests;
 mod facts;
 mod labels;
+mod lines;
 pub mod memory;
 mod native;
 mod stitch;
@@ -509,15 +510,23 @@ impl Resolver {
             Err(Unknown::Unreadable) if pc == 0 => return Err(Unknown::NotAFrame),
             Err(e) => return Err(e),
         };
-        let line = if trust.line_from(pc, &iseq) {
-            self.line(serial, pc, current, |m| {
+        let from_pc = trust.line_from(pc, &iseq);
+        let read = |m: &Memory| {
+            if from_pc {
                 m.line_of(&iseq, pc).map(Some).ok_or(Unknown::Unreadable)
-            })?
+            } else {
+                // The pc says nothing (a JIT's running frame, a frame YJIT
+                // entered without writing one): a line only if the iseq has
+                // just one, never a guessed one.
+                Ok(m.single_line(&iseq))
+            }
+        };
+        let line = if iseq.lines.is_some() {
+            // Its line table was read with it: any pc the reading describes
+            // has its line, even once the GC has freed the table.
+            read(&self.memory)?
         } else {
-            // The pc says nothing (a JIT's running frame, a frame YJIT
-            // entered without writing one): a line only if the iseq has
-            // just one, never a guessed one.
-            self.line(serial, WHOLE_ISEQ, current, |m| Ok(m.single_line(&iseq)))?
+            self.line(serial, if from_pc { pc } else { WHOLE_ISEQ }, current, read)?
         };
         let entry = self.frame_method(f.cme, sample)?;
         if leaf && !self.entered(addr, &iseq, entry.as_ref().map(|e| &e.0), sample) {
