@@ -2288,6 +2288,8 @@ int wall_sweep(struct bpf_iter__task *ctx)
 				sweep_wait(e, hash, now - (mark >> 1));
 			}
 		}
+		out->held_hash = e->held_ns ? e->held_hash : 0;
+		out->owed_hash = e->owed_ns ? e->owed_hash : 0;
 		if ((e->owed_ns || e->held_ns) && wall_final)
 			settle_owed_final(e);
 		out->hash = e->hash;

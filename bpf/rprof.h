@@ -557,6 +557,10 @@ struct rprof_wall_thread {
 			     * in `wall_seeds` */
 	__u32 state;	    /* needs_stack: the wait's state, 0 if unknown */
 	__s32 wait_syscall; /* needs_stack: the system call it waits in */
+	/* stacks of GVL waits that ended but are counted later (held_hash of
+	 * hold_gvl_wait, owed_hash of settle_owed), or 0: kept named */
+	__u64 held_hash;
+	__u64 owed_hash;
 	/* each slot's key and stack, and the pending time the sweep took:
 	 * counted to that stack, or by userspace with no stack if it has none */
 	struct rprof_wall_slot slots[RPROF_WALL_SLOTS];

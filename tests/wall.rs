@@ -184,6 +184,10 @@ fn parked_threads(ruby: &Ruby, how: Parked) {
     args.push("wall");
     let run = record(target.pid, &args);
     assert!(run.success, "Ruby {}: {}", ruby.name, run.stderr);
+    // Nothing counted is lost: no event, and no time counted to a stack
+    // rprof had forgotten (a wait counted epochs after its walk).
+    assert_eq!(run.summary("lost"), 0, "Ruby {}: {}", ruby.name, run.stderr);
+    assert!(!run.stderr.contains(" ms lost"), "Ruby {}: {}", ruby.name, run.stderr);
     let report = |what: &str, f: &Folded| {
         let lines: Vec<String> = f
             .stacks

@@ -34,8 +34,11 @@ pub struct Collector {
     /// Each process as the recording describes it, made at its first sample
     /// (workers rename themselves after the fork).
     process_info: HashMap<ProcessId, Rc<ProcessInfo>>,
-    /// Counted events whose stack never reached userspace (ring buffer full).
+    /// Counted events whose stack never reached userspace (ring buffer full);
+    /// in `wall`, whose counts are time, nanoseconds.
     undelivered: u64,
+    /// `wall`: counts are nanoseconds, not events.
+    pub counts_time: bool,
     /// Frames shown as `[unknown]`, counted once per stack that has them, by reason.
     pub unknown_frames: HashMap<Unknown, u64>,
     /// Samples (events) with an `[unknown]` frame.
@@ -75,6 +78,7 @@ impl Collector {
             epoch_start: Duration::ZERO,
             process_info: HashMap::new(),
             undelivered: 0,
+            counts_time: false,
             unknown_frames: HashMap::new(),
             unknown_samples: 0,
             deferred: Vec::new(),
@@ -319,10 +323,20 @@ impl Collector {
     pub fn totals(&self, stats: &Stats, elapsed: Duration) -> Summary {
         Summary {
             samples: stats.events,
-            lost: stats.lost + self.undelivered,
+            lost: stats.lost + if self.counts_time { 0 } else { self.undelivered },
             failed: stats.read_failed,
             unknown: self.unknown_samples,
             duration_ns: elapsed.as_nanos() as u64,
+        }
+    }
+
+    /// `wall`: time counted to stacks that never reached userspace (shown
+    /// apart from the events lost: it is time, not a number of events).
+    pub fn undelivered_ns(&self) -> u64 {
+        if self.counts_time {
+            self.undelivered
+        } else {
+            0
         }
     }
 

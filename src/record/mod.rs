@@ -121,6 +121,7 @@ pub fn record(mut cfg: RecordConfig) -> Result<Option<ExitStatus>> {
         probe.attach_process_tracking()?;
     }
     let mut collector = Collector::new(cfg.event.names());
+    collector.counts_time = cfg.event.is_wall();
     if cfg.native || cfg.kernel {
         collector.native = Some((NativeNames::default(), cfg.native_all));
     }

@@ -79,6 +79,12 @@ pub fn print_summary(
             stats.wall_lost_ns as f64 / 1e6
         ));
     }
+    if c.undelivered_ns() > 0 {
+        notes.push(format!(
+            "{:.1} ms lost: counted to stacks that never reached rprof",
+            c.undelivered_ns() as f64 / 1e6
+        ));
+    }
     if stats.no_ec > 0 {
         notes.push(format!("{} in threads running no Ruby", stats.no_ec));
     }

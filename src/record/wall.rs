@@ -72,15 +72,18 @@ pub fn sweep(probe: &mut Probe, processes: &mut Processes, collector: &mut Colle
     Ok(())
 }
 
-/// The stacks BPF counts to in epochs to come: the open wait's and the
-/// slots'.
+/// The stacks BPF counts to in epochs to come: the open wait's, those of
+/// GVL waits that ended and are counted later (a CPU-bound thread's can be
+/// held until the recording stops), and the slots'.
 fn keep_named(t: &types::rprof_wall_thread, collector: &mut Collector) {
     if t.seen == 0 {
         return;
     }
-    collector.keep(t.hash);
-    // An open GVL wait's GC twin (gc_twin), counted when the wait ends.
-    collector.keep(gc_twin_hash(t.hash));
+    for hash in [t.hash, t.held_hash, t.owed_hash].into_iter().filter(|&h| h != 0) {
+        collector.keep(hash);
+        // A GVL wait's GC twin (gc_twin), counted when the wait is.
+        collector.keep(gc_twin_hash(hash));
+    }
     for slot in t.slots.iter().filter(|s| s.hash != 0) {
         collector.keep(slot.hash);
     }

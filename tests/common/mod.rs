@@ -405,7 +405,11 @@ impl Run {
         let line = self
             .stderr
             .lines()
-            .find(|l| l.contains(" samples, ") || l.contains(" events, ") || l.contains(" allocations, "))
+            .find(|l| {
+                [" samples, ", " events, ", " allocations, ", " switches, "]
+                    .iter()
+                    .any(|unit| l.contains(unit))
+            })
             .unwrap_or_else(|| panic!("no summary line in {:?}", self.stderr));
         let words: Vec<&str> = line
             .split([',', ' ', ':', ';'])
