@@ -1029,15 +1029,21 @@ static __always_inline struct rprof_wall_slot *slot_of(struct rprof_wall_task *e
 	return 0;
 }
 
+static __always_inline void missed_gvl_wait(struct rprof_proc *p, struct rprof_wall_task *e,
+					    __u64 hash, __u64 start, __u64 ns, __u64 ran);
+
 /* wall: the thread runs, but its mark says it waits: the kernel ran it
  * with no switch-in rprof saw (seen here: a task whose own switches are not
  * traced, a host agent, handed the CPU back). When its wait ended is not
  * known, but its CPU time since the mark says how much of the interval it
  * ran: that is returned, to count as running, and the rest counts to the
  * wait (pending in its slot: the stack has changed since), so that its time
- * still adds up. */
-static __always_inline __u64 missed_switch_in(struct rprof_wall_task *e, __u32 tid,
-					      struct task_struct *task, __u64 mark, __u64 now)
+ * still adds up. A GVL wait is split by the GC's clock as at a switch-in
+ * (missed_gvl_wait). Runs in the thread's own context (its switch-out or
+ * CPU sample), so its process's memory is the current one. */
+static __always_inline __u64 missed_switch_in(struct rprof_proc *p, struct rprof_wall_task *e,
+					      __u32 tid, struct task_struct *task, __u64 mark,
+					      __u64 now)
 {
 	__u64 total = (mark >> 1) < now ? now - (mark >> 1) : 0;
 	__u64 ran = task->se.sum_exec_runtime - e->exec, hash;
@@ -1047,6 +1053,10 @@ static __always_inline __u64 missed_switch_in(struct rprof_wall_task *e, __u32 t
 		ran = total;
 	stat_inc(RPROF_STAT_WALL_MISSED_IN);
 	hash = seeded_hash(e, tid, mark);
+	if (e->state == RPROF_WALL_GVL && e->gc_at) {
+		missed_gvl_wait(p, e, hash, mark >> 1, total - ran, ran);
+		return ran;
+	}
 	if (!hash && e->state)
 		sl = slot_of(e, RPROF_WALL_KEY(e->state, e->syscall));
 	if (hash)
@@ -1136,7 +1146,7 @@ static __always_inline __u64 wall_sample_weight(struct rprof_proc *p, __u32 tid,
 		note_owed_clock(p, e, task);
 	since = __sync_lock_test_and_set(&e->mark, (now << 1) | ON_CPU);
 	if (!(since & ON_CPU))
-		weight = missed_switch_in(e, tid, task, since, now);
+		weight = missed_switch_in(p, e, tid, task, since, now);
 	else
 		weight = (since >> 1) < now ? now - (since >> 1) : 0;
 	run = slot_of(e, RPROF_WALL_KEY(RPROF_WALL_RUNNING, -1));
@@ -1895,6 +1905,28 @@ static __always_inline __u64 owed_gc(struct rprof_wall_task *e, __u64 clock, __u
 	return clock > e->owed_gc_at + ran ? clock - e->owed_gc_at - ran : 0;
 }
 
+/* wall: a GVL wait of `ns` from `start` whose end rprof did not see
+ * (missed_switch_in), split as at a switch-in: by the clock its waker read
+ * (gc_woke), or, woken from outside the process, by the clock now less the
+ * CPU time `ran` the thread has used since (owed_gc's rule). Before, all of
+ * it counted as waiting for the GVL, its GC part too: a time slice's
+ * collections (38 ms of gc_waits's 3.3 burst). */
+static __always_inline void missed_gvl_wait(struct rprof_proc *p, struct rprof_wall_task *e,
+					    __u64 hash, __u64 start, __u64 ns, __u64 ran)
+{
+	__u64 clock, gc;
+
+	if (e->gc_woke) {
+		gc = gc_waited(e);
+	} else {
+		clock = gc_clock_at(p);
+		gc = clock > e->gc_at + ran ? clock - e->gc_at - ran : 0;
+		e->gc_at = 0;
+	}
+	release_held(e, gc > ns ? gc - ns : 0, start);
+	hold_gvl_wait(e, hash, e->syscall, ns, gc, start + ns);
+}
+
 /* wall: a GVL wait that a thread of another process (an interrupt: Ruby
  * 3.1's waiter that keeps time wakes itself every 100 ms) ended is split
  * as the thread switches out again (not preempted: then at the switch-out
@@ -1988,7 +2020,7 @@ static __always_inline struct rprof_wall_task *wall_out(struct task_struct *prev
 	 * leaves marks on CPU alone. */
 	mark = __sync_lock_test_and_set(&e->mark, (now << 1) | ON_CPU);
 	since = mark >> 1;
-	ran = !(mark & ON_CPU) ? missed_switch_in(e, tid, prev, mark, now)
+	ran = !(mark & ON_CPU) ? missed_switch_in(p, e, tid, prev, mark, now)
 	      : since < now    ? now - since
 			       : 0;
 	/* Running time waits for the thread's next CPU sample, which takes it
