@@ -709,24 +709,25 @@ impl Resolver {
             (true, Some(now)) => SampleTime::at(now),
             _ => sample,
         };
-        let named = |c: &Class| match c {
-            Class::Named(Some((path, true))) => Some(path.clone()),
-            _ => None,
-        };
         let class = match self.class(owner, sample) {
             Ok((class, _, _)) => class,
             Err(Unknown::Unreadable) => return Ok(name.clone()),
             Err(e) => return Err(e),
         };
-        let (path, sep) = match &*class {
+        // The class whose name qualifies the method: a singleton's object.
+        let (named, sep) = match &*class {
             Class::Singleton(Some(attached)) => match self.class(*attached, sample) {
-                Ok((c, _, _)) => (named(&c), '.'),
+                Ok((c, _, _)) => (Some(c), '.'),
                 // Not an object (what Ruby names with the bare name too).
                 Err(Unknown::Unreadable) => (None, '.'),
                 Err(e) => return Err(e),
             },
-            c => (named(c), '#'),
+            _ => (Some(class.clone()), '#'),
         };
+        let path = named.as_deref().and_then(|c| match c {
+            Class::Named(Some((path, true))) => Some(path.as_str()),
+            _ => None,
+        });
         Ok(match path {
             Some(path) => self.labels.of(format_args!("{path}{sep}{name}")),
             None => name.clone(),
