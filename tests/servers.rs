@@ -432,13 +432,14 @@ fn a_rails_app_keeps_its_names_with_every_cpu_busy() {
     // it, when the worker collected (about 30 times a second) before rprof
     // read the sample. With line tables read with their iseqs (a pc first
     // seen after the GC no longer needs the freed table; 2026-11-28): 0 to
-    // 4 of about 5,700 samples in 20 runs (0 to 6 in 3 runs before, and a
-    // block named under its method's `[unknown]` in 1 of 22). Measured 2026-11-26, rprof reading every 0.17 to
-    // 0.67 ms (src/pace.rs at 299 Hz): 0.18 to 0.41% in 3 runs; 0.08 to
-    // 0.33% in 7 runs of the variants tried. Woken by each record
-    // (2026-11-25): 0.06 to 0.30% in 11
-    // runs with its recording thread at nice -5
-    // (system::favour_recording_thread), 0.36 to 1.0% in 9 at nice 0
+    // 4 of about 5,700 samples in 20 runs, 0 to 2 of about 4,000 in 10
+    // beside a CPU burner (0 to 6 in 3 runs before, and a block named under
+    // its method's `[unknown]` in 1 of 22). Measured 2026-11-26, rprof
+    // reading every 0.17 to 0.67 ms (src/pace.rs at 299 Hz): 0.18 to 0.41%
+    // in 3 runs; 0.08 to 0.33% in 7 runs of the variants tried. Woken by
+    // each record (2026-11-25): 0.06 to 0.30% in 11 runs with its recording
+    // thread at nice -5 (system::favour_recording_thread), 0.36 to 1.0% in
+    // 9 at nice 0
     // (records waited for the epoch's bookkeeping, up to 75 ms). Before
     // records carried what names frames late (old objects, svars, C
     // blocks): 3.2 to 4.6%.
