@@ -1897,30 +1897,30 @@ static __always_inline void release_held(struct rprof_wall_task *e, __u64 over, 
 				over > between ? over - between : 0);
 }
 
-/* wall: how far the GC's clock ran from an owed wait's opening to `clock`,
- * less the CPU time `ran` the thread used after the wait (a collection it
- * made itself, had it taken the GVL, took at most that). */
-static __always_inline __u64 owed_gc(struct rprof_wall_task *e, __u64 clock, __u64 ran)
+/* wall: how far the GC's clock ran from a GVL wait's opening (`at`) to
+ * `clock`, less the CPU time `ran` the thread used after the wait (a
+ * collection it made itself, had it taken the GVL, took at most that): the
+ * GC part of a wait whose end no thread of its process reported. */
+static __always_inline __u64 gc_since(__u64 at, __u64 clock, __u64 ran)
 {
-	return clock > e->owed_gc_at + ran ? clock - e->owed_gc_at - ran : 0;
+	return clock > at + ran ? clock - at - ran : 0;
 }
 
 /* wall: a GVL wait of `ns` from `start` whose end rprof did not see
  * (missed_switch_in), split as at a switch-in: by the clock its waker read
  * (gc_woke), or, woken from outside the process, by the clock now less the
- * CPU time `ran` the thread has used since (owed_gc's rule). Before, all of
+ * CPU time `ran` the thread has used since (gc_since). Before, all of
  * it counted as waiting for the GVL, its GC part too: a time slice's
  * collections (38 ms of gc_waits's 3.3 burst). */
 static __always_inline void missed_gvl_wait(struct rprof_proc *p, struct rprof_wall_task *e,
 					    __u64 hash, __u64 start, __u64 ns, __u64 ran)
 {
-	__u64 clock, gc;
+	__u64 gc;
 
 	if (e->gc_woke) {
 		gc = gc_waited(e);
 	} else {
-		clock = gc_clock_at(p);
-		gc = clock > e->gc_at + ran ? clock - e->gc_at - ran : 0;
+		gc = gc_since(e->gc_at, gc_clock_at(p), ran);
 		e->gc_at = 0;
 	}
 	release_held(e, gc > ns ? gc - ns : 0, start);
@@ -1930,7 +1930,7 @@ static __always_inline void missed_gvl_wait(struct rprof_proc *p, struct rprof_w
 /* wall: a GVL wait that a thread of another process (an interrupt: Ruby
  * 3.1's waiter that keeps time wakes itself every 100 ms) ended is split
  * as the thread switches out again (not preempted: then at the switch-out
- * after), from its own memory, if it waits for the GVL again: owed_gc at
+ * after), from its own memory, if it waits for the GVL again: gc_since at
  * that switch-out or, if larger, at the thread's first CPU sample after the
  * wait (note_owed_clock). Otherwise all of it waited for the GVL. */
 static __always_inline void settle_owed(struct rprof_proc *p, struct rprof_wall_task *e,
@@ -1939,14 +1939,14 @@ static __always_inline void settle_owed(struct rprof_proc *p, struct rprof_wall_
 	__u64 ns = e->owed_ns, gc, early;
 
 	e->owed_ns = 0;
-	early = e->owed_clock ? owed_gc(e, e->owed_clock, e->owed_ran) : 0;
+	early = e->owed_clock ? gc_since(e->owed_gc_at, e->owed_clock, e->owed_ran) : 0;
 	e->owed_clock = 0;
 	if (state != RPROF_WALL_GVL || !e->owed_gc_at) {
 		release_held(e, 0, 0);
 		charge_gvl_wait(e, e->owed_hash, e->owed_syscall, ns, 0);
 		return;
 	}
-	gc = owed_gc(e, gc_clock_at(p), task->se.sum_exec_runtime - e->owed_exec);
+	gc = gc_since(e->owed_gc_at, gc_clock_at(p), task->se.sum_exec_runtime - e->owed_exec);
 	gc = early > gc ? early : gc;
 	release_held(e, gc > ns ? gc - ns : 0, e->owed_end - ns);
 	hold_gvl_wait(e, e->owed_hash, e->owed_syscall, ns, gc, e->owed_end);

@@ -205,13 +205,7 @@ fn gc_waits(ruby: &Ruby) {
     // wait, which the spinner, running alone after the burst, never has
     // (its stack was forgotten two epochs on: 0.06-0.09 ms lost per run
     // until 2026-11-28).
-    assert_eq!(run.summary("lost"), 0, "Ruby {}: {}", ruby.name, run.stderr);
-    assert!(
-        !run.stderr.contains(" ms lost"),
-        "Ruby {}: {}",
-        ruby.name,
-        run.stderr
-    );
+    run.assert_nothing_lost(&format!("Ruby {}", ruby.name));
     let (truth_ms, took) = (field("gc_ms"), field("seconds"));
     eprintln!(
         "Ruby {}: the burst took {took} s\n{}",

@@ -186,13 +186,7 @@ fn parked_threads(ruby: &Ruby, how: Parked) {
     assert!(run.success, "Ruby {}: {}", ruby.name, run.stderr);
     // Nothing counted is lost: no event, and no time counted to a stack
     // rprof had forgotten (a wait counted epochs after its walk).
-    assert_eq!(run.summary("lost"), 0, "Ruby {}: {}", ruby.name, run.stderr);
-    assert!(
-        !run.stderr.contains(" ms lost"),
-        "Ruby {}: {}",
-        ruby.name,
-        run.stderr
-    );
+    run.assert_nothing_lost(&format!("Ruby {}", ruby.name));
     let report = |what: &str, f: &Folded| {
         let lines: Vec<String> = f
             .stacks

@@ -400,6 +400,13 @@ pub struct Run {
 }
 
 impl Run {
+    /// Nothing counted was lost: no event, and (`wall`) no time counted to
+    /// a stack rprof had forgotten (the summary's `N ms lost`).
+    pub fn assert_nothing_lost(&self, what: &str) {
+        assert_eq!(self.summary("lost"), 0, "{what}: {}", self.stderr);
+        assert!(!self.stderr.contains(" ms lost"), "{what}: {}", self.stderr);
+    }
+
     /// A number from the summary line, e.g. `run.summary("lost")`.
     pub fn summary(&self, what: &str) -> u64 {
         let line = self
