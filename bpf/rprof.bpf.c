@@ -2228,16 +2228,63 @@ struct {
 	__type(value, struct rprof_wall_thread);
 } wall_sweep_out SEC(".maps");
 
-/* wall: a GVL wait not split when recording ends (or its thread does):
- * all of it waited for the GVL. */
-static __always_inline void settle_owed_final(struct rprof_wall_task *e)
-{
-	__u64 ns = __sync_lock_test_and_set(&e->owed_ns, 0);
+/* wall: each followed process's GC clock (as gc_clock_at reads it) when
+ * the recording stopped, read by userspace (key: PID), for the last sweep,
+ * which runs in rprof and cannot read it: what splits the GVL waits not
+ * split by then. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, __u32);
+	__type(value, __u64);
+} wall_stop_clocks SEC(".maps");
 
+/* wall: the GC clock of `task`'s process at the recording's stop, for the
+ * last sweep; 0 before it, or if it could not be read. */
+static __always_inline __u64 stop_clock(struct task_struct *task)
+{
+	__u32 tgid = task->tgid;
+	__u64 *clock = wall_final ? bpf_map_lookup_elem(&wall_stop_clocks, &tgid) : 0;
+
+	return clock ? *clock : 0;
+}
+
+/* wall: a GVL wait not split when recording ends (or its thread does), as
+ * settle_owed would, by the GC clock at the stop (`clock`; 0: none, and
+ * then all of it waited for the GVL). Nothing is held any more: no wait
+ * after it will end. */
+static __always_inline void settle_owed_final(struct rprof_wall_task *e, struct task_struct *task,
+					      __u64 clock)
+{
+	__u64 ns = __sync_lock_test_and_set(&e->owed_ns, 0), gc = 0, late;
+
+	if (ns && e->owed_gc_at) {
+		gc = e->owed_clock ? gc_since(e->owed_gc_at, e->owed_clock, e->owed_ran) : 0;
+		late = gc_since(e->owed_gc_at, clock, task->se.sum_exec_runtime - e->owed_exec);
+		gc = late > gc ? late : gc;
+	}
 	e->owed_clock = 0;
-	if (ns)
-		charge_gvl_wait(e, e->owed_hash, e->owed_syscall, ns, 0);
+	if (ns) {
+		release_held(e, gc > ns ? gc - ns : 0, e->owed_end - ns);
+		charge_gvl_wait(e, e->owed_hash, e->owed_syscall, ns, gc);
+	}
 	release_held(e, 0, 0);
+}
+
+/* wall: a GVL wait open when the recording stopped, from `start`, `ns`
+ * long: split by the clock its waker read, if a thread of its process woke
+ * it, else by the clock at the stop (`clock`), as a switch-in would have
+ * split it. Before, all of it counted as waiting for the GVL: up to a time
+ * slice of each waiting thread, at the end of every recording. */
+static __always_inline void final_gvl_wait(struct rprof_wall_task *e, __u64 hash, __u64 start,
+					   __u64 ns, __u64 clock)
+{
+	__u64 gc = e->gc_woke ? gc_waited(e) : gc_since(e->gc_at, clock, 0);
+
+	e->gc_at = 0;
+	release_held(e, gc > ns ? gc - ns : 0, start);
+	charge_gvl_wait(e, hash, e->syscall, ns, gc);
 }
 
 /* wall: `ns` of an open wait the sweep counts: to its stack, or (a wait
@@ -2317,13 +2364,17 @@ int wall_sweep(struct bpf_iter__task *ctx)
 				 * sweep, all of it as waiting for the GVL. */
 			} else if ((mark >> 1) < now &&
 				   __sync_val_compare_and_swap(&e->mark, mark, now << 1) == mark) {
-				sweep_wait(e, hash, now - (mark >> 1));
+				if (e->gc_at && e->state == RPROF_WALL_GVL)
+					final_gvl_wait(e, hash, mark >> 1, now - (mark >> 1),
+						       stop_clock(task));
+				else
+					sweep_wait(e, hash, now - (mark >> 1));
 			}
 		}
 		out->held_hash = e->held_ns ? e->held_hash : 0;
 		out->owed_hash = e->owed_ns ? e->owed_hash : 0;
 		if ((e->owed_ns || e->held_ns) && wall_final)
-			settle_owed_final(e);
+			settle_owed_final(e, task, stop_clock(task));
 		out->hash = e->hash;
 		sweep_slots(e, out);
 	}
@@ -2343,7 +2394,7 @@ int BPF_PROG(on_thread_exit, struct task_struct *task)
 	int i;
 
 	if (e)
-		settle_owed_final(e);
+		settle_owed_final(e, task, 0);
 	for (i = 0; e && i < RPROF_WALL_SLOTS; i++) {
 		struct rprof_wall_slot *sl = &e->slots[i];
 		__u64 taken = __sync_lock_test_and_set(&sl->pending, 0);

@@ -654,6 +654,17 @@ impl Probe {
                 .is_ok()
     }
 
+    /// `wall`: process `pid`'s GC clock when the recording stopped, for the
+    /// last sweep (a clock that cannot be written leaves its waits unsplit,
+    /// as they were).
+    pub fn set_stop_clock(&mut self, pid: u32, clock: u64) {
+        let _ =
+            self.skel
+                .maps
+                .wall_stop_clocks
+                .update(&pid.to_ne_bytes(), &clock.to_ne_bytes(), MapFlags::ANY);
+    }
+
     /// Traces tracepoint `category:name`; its events carry `cookie` (1-based).
     pub fn attach_tracepoint(&mut self, category: &str, name: &str, cookie: u32) -> Result<()> {
         let opts = TracepointOpts {

@@ -215,6 +215,22 @@ impl GcClock {
     }
 }
 
+impl GcClock {
+    /// `GC.stat(:time)` now, in ns; None where Ruby keeps none (2.7) or it
+    /// cannot be read.
+    pub fn time(&self, space: &dyn AddressSpace) -> Option<u64> {
+        if self.time_ns[0] == 0 {
+            return None;
+        }
+        self.time_ns
+            .iter()
+            .filter(|&&addr| addr != 0)
+            .try_fold(0u64, |sum, &addr| {
+                Some(sum.saturating_add(space.read_u64(addr).ok()?))
+            })
+    }
+}
+
 impl Reading {
     /// The reading whose words were read in this order: the major count,
     /// the count, the flags, the major count again (by rprof, or by BPF as

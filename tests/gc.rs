@@ -266,28 +266,33 @@ fn gc_waits(ruby: &Ruby) {
         "{report}\nthe spinner waits on GC outside Object#spin:\n{}",
         spinner_gc.only(|s| !spins(s)).heaviest(20)
     );
-    // Ruby 3.1's GVL waiter that keeps time wakes itself every 100 ms, from
-    // outside the process (a timer). When it takes the GVL at once, rprof
-    // reads the GC clock for that wait at the thread's first CPU sample
-    // after it, and leaves out the CPU time it used before (a collection it
-    // may have made itself): at most a sampling period (99 Hz here) per such
-    // wait (note_owed_clock in bpf/rprof.bpf.c); two are allowed. Measured
-    // 2026-11-27 on an idle machine: such a wait in 2 of 30 runs, and every
-    // run within 2.1% of GC.stat (the largest loss 6 ms). Before the clock
-    // was read at the sample, the same waits lost their whole GC part (40-50
-    // ms, 18-20% of the burst), and this allowed one collection step per 100
-    // ms of waiting (about 60 ms).
-    let lost_in_owed = if ruby.name == "3.1" {
-        2.0 * 1_000_000.0 / 99.0
-    } else {
-        0.0
-    };
+    let lost_in_owed = lost_in_owed_us(ruby);
     let slack = 0.05 * truth;
     assert!(
         waited as f64 <= truth + slack && waited as f64 >= truth - runnable - lost_in_owed - slack,
         "{report}\n(spinner waited {waited} us on GC, GC.stat {truth} us, runnable {runnable} us, \
          up to {lost_in_owed} us in waits its timekeeping ended)"
     );
+}
+
+/// What a spinner's GC waits may lose on `ruby` (µs), beyond the slack.
+/// Ruby 3.1's GVL waiter that keeps time wakes itself every 100 ms, from
+/// outside the process (a timer). When it takes the GVL at once, rprof
+/// reads the GC clock for that wait at the thread's first CPU sample
+/// after it, and leaves out the CPU time it used before (a collection it
+/// may have made itself): at most a sampling period (99 Hz here) per such
+/// wait (note_owed_clock in bpf/rprof.bpf.c); two are allowed. Measured
+/// 2026-11-27 on an idle machine: such a wait in 2 of 30 runs, and every
+/// run within 2.1% of GC.stat (the largest loss 6 ms). Before the clock
+/// was read at the sample, the same waits lost their whole GC part (40-50
+/// ms, 18-20% of the burst), and this allowed one collection step per 100
+/// ms of waiting (about 60 ms).
+fn lost_in_owed_us(ruby: &Ruby) -> f64 {
+    if ruby.name == "3.1" {
+        2.0 * 1_000_000.0 / 99.0
+    } else {
+        0.0
+    }
 }
 
 #[test]
@@ -308,4 +313,78 @@ fn gc_waits_ruby_3_3() {
 #[test]
 fn gc_waits_ruby_3_4() {
     gc_waits(&Ruby::named("3.4"));
+}
+
+/// gc_wait_end.rb under `wall` on `ruby`, stopped 400 ms into one of the
+/// main thread's time slices, while the spinner waits for the GVL and the
+/// main thread collects: that last wait is split by the GC's clock at the
+/// stop too, so the spinner's `[waiting for GC]` is all the GC that ran
+/// before the stop. (Until 2026-11-28 a GVL wait still open at the stop was
+/// all `[waiting for the GVL]`: on Ruby 3.3 and 3.4, whose waiter sleeps
+/// through the whole slice, about 70 ms of the 380 ms, 18%.)
+fn gc_waits_to_the_stop(ruby: &Ruby) {
+    let mut target = ruby.spawn("gc_wait_end.rb", &[]);
+    let rprof = attach(target.pid, &["wall"]);
+    // SAFETY: kill only sends a signal.
+    assert_eq!(unsafe { libc::kill(target.pid as i32, libc::SIGUSR1) }, 0);
+    let gc_ms = |line: &str| -> f64 {
+        line.strip_prefix("deep gc_ms=")
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("gc_ms in {line:?}"))
+    };
+    // The third of its slices: two whole waits of the spinner before it.
+    let mut line = String::new();
+    for _ in 0..3 {
+        line = target.wait_line("deep ", Duration::from_secs(10));
+    }
+    rprof.interrupt();
+    let before = gc_ms(&line);
+    let run = rprof.finish();
+    // The GC that ran before rprof stopped: at least `before`, at most what
+    // the next slice's line says.
+    let after = gc_ms(&target.wait_line("deep ", Duration::from_secs(10)));
+    assert!(run.success, "Ruby {}: {}", ruby.name, run.stderr);
+    run.assert_nothing_lost(&format!("Ruby {}", ruby.name));
+    let f = &run.folded;
+    let spinner = f.of_thread(target.get("spinner"));
+    let waited = leaf_us(&spinner, "[waiting for GC]") as f64;
+    let gvl = leaf_us(&spinner, "[waiting for the GVL]") as f64;
+    let runnable = leaf_us(&spinner, "[runnable: CPU busy]") as f64;
+    let report = format!(
+        "Ruby {}: the spinner waited {:.1} ms on GC and {:.1} ms for the GVL, runnable {:.1} ms; \
+         GC.stat {before} ms at the last line before the stop, {after} ms at the next\n{}\n{}",
+        ruby.name,
+        waited / 1000.0,
+        gvl / 1000.0,
+        runnable / 1000.0,
+        f.heaviest(15),
+        run.stderr.trim()
+    );
+    eprintln!("{report}");
+    if before < 0.0 {
+        assert_eq!(waited, 0.0, "{report}");
+        return;
+    }
+    // The slack and the waits Ruby 3.1's timekeeping ends are gc_waits'.
+    let lost_in_owed = lost_in_owed_us(ruby);
+    let (low, high) = (before * 1000.0, after * 1000.0);
+    assert!(
+        waited >= low - runnable - lost_in_owed - 0.05 * low && waited <= high + 0.05 * high,
+        "{report}"
+    );
+}
+
+#[test]
+fn gc_waits_to_the_stop_ruby_3_1() {
+    gc_waits_to_the_stop(&Ruby::host());
+}
+
+#[test]
+fn gc_waits_to_the_stop_ruby_3_3() {
+    gc_waits_to_the_stop(&Ruby::named("3.3"));
+}
+
+#[test]
+fn gc_waits_to_the_stop_ruby_3_4() {
+    gc_waits_to_the_stop(&Ruby::named("3.4"));
 }

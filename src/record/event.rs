@@ -168,6 +168,14 @@ impl EventSpec {
         }
     }
 
+    /// As the recording stops (BPF counts nothing more): `wall` notes each
+    /// process's GC clock, which splits the GVL waits still open.
+    pub fn stops(&self, probe: &mut Probe, processes: &mut Processes) {
+        if let EventSpec::Wall { .. } = self {
+            wall::note_stop_clocks(probe, processes);
+        }
+    }
+
     /// How often records may come: what the recording loop paces its
     /// reading by.
     pub fn period(&self) -> Duration {

@@ -344,6 +344,7 @@ impl Session<'_> {
         format: Format,
     ) -> Result<(Option<Child>, StopSignals)> {
         self.probe.stop();
+        self.cfg.event.stops(&mut self.probe, &mut self.processes);
         // What was recorded: a starved rprof may take a while to detach and
         // to name the rest.
         let recorded = self.started.elapsed();

@@ -72,6 +72,21 @@ pub fn sweep(probe: &mut Probe, processes: &mut Processes, collector: &mut Colle
     Ok(())
 }
 
+/// As the recording stops: each followed Ruby's GC clock, as BPF reads it
+/// (`GC.stat(:time)` in ns, plus 1), for the last sweep, which runs in rprof
+/// and so cannot read it, to split the GVL waits still open by.
+pub fn note_stop_clocks(probe: &mut Probe, processes: &mut Processes) {
+    for f in processes.all() {
+        let Some(ruby) = f.ruby.as_ref() else {
+            continue;
+        };
+        let target = &ruby.target;
+        if let Some(ns) = target.gc.and_then(|clock| clock.time(&target.process)) {
+            probe.set_stop_clock(f.id.pid, ns.saturating_add(1));
+        }
+    }
+}
+
 /// The stacks BPF counts to in epochs to come: the open wait's, those of
 /// GVL waits that ended and are counted later (a CPU-bound thread's can be
 /// held until the recording stops), and the slots'.
