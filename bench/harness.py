@@ -4,6 +4,7 @@ import glob
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import statistics
@@ -173,6 +174,13 @@ def table(rows, headers):
 def need_root():
     if os.geteuid() != 0:
         sys.exit("benchmarks load BPF programs: run them as root")
+
+
+def need_tool(name, package):
+    """Stops with one line before the runs if `name` is not installed (not
+    in the middle of them)."""
+    if not shutil.which(name):
+        sys.exit(f"this benchmark needs {name}: apt-get install {package}")
 
 
 class BpfStats:
