@@ -2251,9 +2251,10 @@ static __always_inline __u64 stop_clock(struct task_struct *task)
 }
 
 /* wall: a GVL wait not split when recording ends (or its thread does), as
- * settle_owed would, by the GC clock at the stop (`clock`; 0: none, and
- * then all of it waited for the GVL). Nothing is held any more: no wait
- * after it will end. */
+ * settle_owed would, by the GC clock at the stop (`clock`; 0: none) or the
+ * one read at the thread's first CPU sample after the wait, whichever says
+ * more; with neither, all of it waited for the GVL. Nothing is held any
+ * more: no wait after it will end. */
 static __always_inline void settle_owed_final(struct rprof_wall_task *e, struct task_struct *task,
 					      __u64 clock)
 {
@@ -2361,7 +2362,8 @@ int wall_sweep(struct bpf_iter__task *ctx)
 				/* A GVL wait the GC clock splits is counted at its
 				 * end, once the clock is read (by the thread that
 				 * wakes it: the sweep runs in rprof), or by the last
-				 * sweep, all of it as waiting for the GVL. */
+				 * sweep, split by the clock userspace read at the
+				 * stop (final_gvl_wait). */
 			} else if ((mark >> 1) < now &&
 				   __sync_val_compare_and_swap(&e->mark, mark, now << 1) == mark) {
 				if (e->gc_at && e->state == RPROF_WALL_GVL)

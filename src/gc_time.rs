@@ -192,6 +192,20 @@ impl Reading {
 }
 
 impl GcClock {
+    /// `GC.stat(:time)` now, in ns; None where Ruby keeps none (2.7) or it
+    /// cannot be read.
+    pub fn time(&self, space: &dyn AddressSpace) -> Option<u64> {
+        if self.time_ns[0] == 0 {
+            return None;
+        }
+        self.time_ns
+            .iter()
+            .filter(|&&addr| addr != 0)
+            .try_fold(0u64, |sum, &addr| {
+                Some(sum.saturating_add(space.read_u64(addr).ok()?))
+            })
+    }
+
     /// Reads the clock (one system call).
     pub fn read(&self, space: &dyn AddressSpace) -> Option<Reading> {
         let mut major_a = [0u8; 8];
@@ -212,22 +226,6 @@ impl GcClock {
             u32::from_le_bytes(flags),
             u64::from_le_bytes(major_b),
         ))
-    }
-}
-
-impl GcClock {
-    /// `GC.stat(:time)` now, in ns; None where Ruby keeps none (2.7) or it
-    /// cannot be read.
-    pub fn time(&self, space: &dyn AddressSpace) -> Option<u64> {
-        if self.time_ns[0] == 0 {
-            return None;
-        }
-        self.time_ns
-            .iter()
-            .filter(|&&addr| addr != 0)
-            .try_fold(0u64, |sum, &addr| {
-                Some(sum.saturating_add(space.read_u64(addr).ok()?))
-            })
     }
 }
 
@@ -549,5 +547,37 @@ mod tests {
         assert!(log.describes(t(10, false), t(8, false), true, false));
         assert!(!log.describes(t(11, false), t(8, false), true, false));
         assert!(log.describes(t(8, false), t(18, false), true, false));
+    }
+
+    /// Words of memory at their addresses (a process's, as far as the clock
+    /// reads it).
+    struct Words(Vec<(u64, u64)>);
+
+    impl AddressSpace for Words {
+        fn read(&self, addr: u64, buf: &mut [u8]) -> std::io::Result<()> {
+            let (_, word) = self
+                .0
+                .iter()
+                .find(|(at, _)| *at == addr)
+                .ok_or(std::io::ErrorKind::NotFound)?;
+            buf.copy_from_slice(&word.to_le_bytes()[..buf.len()]);
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn the_gc_time_is_the_sum_of_its_fields_or_nothing() {
+        let clock = |time_ns| GcClock {
+            flags: 0,
+            count: 0,
+            major_count: 0,
+            time_ns,
+        };
+        let memory = Words(vec![(0x1000, 7_000_000), (0x2000, 5)]);
+        assert_eq!(clock([0x1000, 0x2000]).time(&memory), Some(7_000_005));
+        assert_eq!(clock([0x1000, 0]).time(&memory), Some(7_000_000));
+        // Ruby 2.7 keeps no time; a field that cannot be read gives none.
+        assert_eq!(clock([0, 0]).time(&memory), None);
+        assert_eq!(clock([0x1000, 0x3000]).time(&memory), None);
     }
 }
