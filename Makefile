@@ -47,12 +47,11 @@ demo: build
 	$(RPROF) record -F 499 -o rprof-demo.svg -- ruby demo/app.rb 5
 	@echo "make: open $$(pwd)/rprof-demo.svg in a browser"
 
-# The binary is built with the whole workspace's features, as the tests'
-# build makes it: without --workspace that build made it a second time
-# (about 35 s of every CI run).
+# The tests' build (scripts/run-tests.sh) makes the binary the tests run:
+# a `cargo build` before it made one it then made again, its unit graph
+# holding the dev-dependencies (about 30 s of every CI run).
 test: deps test-deps tracefs lint
 	scripts/setup-rubies.sh all
-	$(CARGO) build --release --locked --workspace
 	CARGO=$(CARGO) scripts/run-tests.sh
 
 lint:
