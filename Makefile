@@ -47,11 +47,13 @@ demo: build
 	$(RPROF) record -F 499 -o rprof-demo.svg -- ruby demo/app.rb 5
 	@echo "make: open $$(pwd)/rprof-demo.svg in a browser"
 
-# The tests' build (scripts/run-tests.sh) makes the binary the tests run:
-# a `cargo build` before it made one it then made again, its unit graph
-# holding the dev-dependencies (about 30 s of every CI run).
+# The binary is built twice: here as `make release` builds it, and again by
+# the tests' build (its unit graph holds the dev-dependencies). Built here
+# first, install.rs's `make release` finds it done; built only in the
+# tests, it would be built while the other lane's tests run it.
 test: deps test-deps tracefs lint
 	scripts/setup-rubies.sh all
+	$(CARGO) build --release --locked
 	CARGO=$(CARGO) scripts/run-tests.sh
 
 lint:
