@@ -47,10 +47,10 @@ demo: build
 	$(RPROF) record -F 499 -o rprof-demo.svg -- ruby demo/app.rb 5
 	@echo "make: open $$(pwd)/rprof-demo.svg in a browser"
 
-# The binary is built twice: here as `make release` builds it, and again by
-# the tests' build (its unit graph holds the dev-dependencies). Built here
-# first, install.rs's `make release` finds it done; built only in the
-# tests, it would be built while the other lane's tests run it.
+# Built here, before the tests: install.rs's `make release` then finds it
+# done (built only by the tests' build, it would be built while the other
+# lane's tests run it). The tests' build reuses it: libc's features in
+# Cargo.toml match the dev-dependencies'.
 test: deps test-deps tracefs lint
 	scripts/setup-rubies.sh all
 	$(CARGO) build --release --locked
