@@ -1906,6 +1906,32 @@ static __always_inline __u64 gc_since(__u64 at, __u64 clock, __u64 ran)
 	return clock > at + ran ? clock - at - ran : 0;
 }
 
+/* wall: the GC part of `e`'s owed wait: gc_since by `clock`, read when the
+ * thread's CPU time was `exec`, or, if that says more, by the clock read at
+ * its first CPU sample after the wait (note_owed_clock). */
+static __always_inline __u64 owed_gc(struct rprof_wall_task *e, __u64 clock, __u64 exec)
+{
+	__u64 early = e->owed_clock ? gc_since(e->owed_gc_at, e->owed_clock, e->owed_ran) : 0;
+	__u64 late = gc_since(e->owed_gc_at, clock, exec - e->owed_exec);
+
+	return late > early ? late : early;
+}
+
+/* wall: a GVL wait of `ns` from `start`, `gc` of it while the GVL's holder
+ * collected, ends: the part held from the GVL wait before it is released
+ * (release_held: whatever of `gc` the wait cannot hold went there), and
+ * this one's part not shown to be GC is held in turn (`hold`), or, with no
+ * wait after it to end, counted now. */
+static __always_inline void end_gvl_wait(struct rprof_wall_task *e, __u64 hash, __s32 syscall,
+					 __u64 start, __u64 ns, __u64 gc, bool hold)
+{
+	release_held(e, gc > ns ? gc - ns : 0, start);
+	if (hold)
+		hold_gvl_wait(e, hash, syscall, ns, gc, start + ns);
+	else
+		charge_gvl_wait(e, hash, syscall, ns, gc);
+}
+
 /* wall: a GVL wait of `ns` from `start` whose end rprof did not see
  * (missed_switch_in), split as at a switch-in: by the clock its waker read
  * (gc_woke), or, woken from outside the process, by the clock now less the
@@ -1923,8 +1949,7 @@ static __always_inline void missed_gvl_wait(struct rprof_proc *p, struct rprof_w
 		gc = gc_since(e->gc_at, gc_clock_at(p), ran);
 		e->gc_at = 0;
 	}
-	release_held(e, gc > ns ? gc - ns : 0, start);
-	hold_gvl_wait(e, hash, e->syscall, ns, gc, start + ns);
+	end_gvl_wait(e, hash, e->syscall, start, ns, gc, true);
 }
 
 /* wall: a GVL wait that a thread of another process (an interrupt: Ruby
@@ -1936,20 +1961,18 @@ static __always_inline void missed_gvl_wait(struct rprof_proc *p, struct rprof_w
 static __always_inline void settle_owed(struct rprof_proc *p, struct rprof_wall_task *e,
 					struct task_struct *task, __u32 state)
 {
-	__u64 ns = e->owed_ns, gc, early;
+	__u64 ns = e->owed_ns, gc;
 
 	e->owed_ns = 0;
-	early = e->owed_clock ? gc_since(e->owed_gc_at, e->owed_clock, e->owed_ran) : 0;
-	e->owed_clock = 0;
 	if (state != RPROF_WALL_GVL || !e->owed_gc_at) {
+		e->owed_clock = 0;
 		release_held(e, 0, 0);
 		charge_gvl_wait(e, e->owed_hash, e->owed_syscall, ns, 0);
 		return;
 	}
-	gc = gc_since(e->owed_gc_at, gc_clock_at(p), task->se.sum_exec_runtime - e->owed_exec);
-	gc = early > gc ? early : gc;
-	release_held(e, gc > ns ? gc - ns : 0, e->owed_end - ns);
-	hold_gvl_wait(e, e->owed_hash, e->owed_syscall, ns, gc, e->owed_end);
+	gc = owed_gc(e, gc_clock_at(p), task->se.sum_exec_runtime);
+	e->owed_clock = 0;
+	end_gvl_wait(e, e->owed_hash, e->owed_syscall, e->owed_end - ns, ns, gc, true);
 }
 
 /* wall: whether this switch-out of `e`'s thread walks its stack. Always,
@@ -2105,8 +2128,7 @@ static __always_inline void wall_in(struct task_struct *next, __u64 now)
 	}
 	if (e->state == RPROF_WALL_GVL && e->gc_at) {
 		gc = gc_waited(e);
-		release_held(e, gc > ns ? gc - ns : 0, old >> 1);
-		hold_gvl_wait(e, e->hash, e->syscall, ns, gc, now);
+		end_gvl_wait(e, e->hash, e->syscall, old >> 1, ns, gc, true);
 	} else {
 		/* (a GVL wait without a GC clock has no GC part) */
 		charge_wait(e, e->hash, e->state, e->syscall, ns);
@@ -2258,18 +2280,13 @@ static __always_inline __u64 stop_clock(struct task_struct *task)
 static __always_inline void settle_owed_final(struct rprof_wall_task *e, struct task_struct *task,
 					      __u64 clock)
 {
-	__u64 ns = __sync_lock_test_and_set(&e->owed_ns, 0), gc = 0, late;
+	__u64 ns = __sync_lock_test_and_set(&e->owed_ns, 0), gc = 0;
 
-	if (ns && e->owed_gc_at) {
-		gc = e->owed_clock ? gc_since(e->owed_gc_at, e->owed_clock, e->owed_ran) : 0;
-		late = gc_since(e->owed_gc_at, clock, task->se.sum_exec_runtime - e->owed_exec);
-		gc = late > gc ? late : gc;
-	}
+	if (ns && e->owed_gc_at)
+		gc = owed_gc(e, clock, task->se.sum_exec_runtime);
 	e->owed_clock = 0;
-	if (ns) {
-		release_held(e, gc > ns ? gc - ns : 0, e->owed_end - ns);
-		charge_gvl_wait(e, e->owed_hash, e->owed_syscall, ns, gc);
-	}
+	if (ns)
+		end_gvl_wait(e, e->owed_hash, e->owed_syscall, e->owed_end - ns, ns, gc, false);
 	release_held(e, 0, 0);
 }
 
@@ -2284,8 +2301,7 @@ static __always_inline void final_gvl_wait(struct rprof_wall_task *e, __u64 hash
 	__u64 gc = e->gc_woke ? gc_waited(e) : gc_since(e->gc_at, clock, 0);
 
 	e->gc_at = 0;
-	release_held(e, gc > ns ? gc - ns : 0, start);
-	charge_gvl_wait(e, hash, e->syscall, ns, gc);
+	end_gvl_wait(e, hash, e->syscall, start, ns, gc, false);
 }
 
 /* wall: `ns` of an open wait the sweep counts: to its stack, or (a wait
