@@ -579,7 +579,7 @@ struct rprof_stack_count {
 
 /* Indexes of the per-CPU `stats` array. */
 enum rprof_stat {
-	RPROF_STAT_EVENTS = 0,	   /* events of target threads */
+	RPROF_STAT_EVENTS = 0,	   /* events of target threads (cpu: what their samples count) */
 	RPROF_STAT_LOST,	   /* events whose stack the full ring buffer refused */
 	RPROF_STAT_READ_FAILED,	   /* events whose EC or frames could not be read */
 	RPROF_STAT_TRUNCATED,	   /* events with more than RPROF_MAX_FRAMES frames */
@@ -593,6 +593,9 @@ enum rprof_stat {
 	RPROF_STAT_WALL_UNSEEN,	   /* wall: ns of threads off CPU since before rprof saw them */
 	RPROF_STAT_WALL_LOST,	   /* wall: ns a full counts map could not take */
 	RPROF_STAT_WALL_MISSED_IN, /* wall: threads found running that no switch-in showed */
+	RPROF_STAT_CPU_SKIPPED,	   /* cpu: ticks not counted, the thread's samples ahead of its CPU
+				      time */
+	RPROF_STAT_CPU_ADDED,	   /* cpu: counted beyond 1 by samples of threads behind it */
 	/* --native: events whose native stack ended for each enum rprof_native_stop */
 	RPROF_STAT_NATIVE_STOP,
 	RPROF_STAT_MAX = RPROF_STAT_NATIVE_STOP + RPROF_NATIVE_STOP_MAX,

@@ -120,6 +120,10 @@ pub struct Stats {
     /// wall: threads found running with no switch-in seen (their wait and
     /// run split by their CPU time).
     pub wall_missed_in: u64,
+    /// cpu: ticks not counted, their thread's samples ahead of its CPU time.
+    pub cpu_skipped: u64,
+    /// cpu: counted beyond 1 by samples of threads behind their CPU time.
+    pub cpu_added: u64,
     /// --native: events by why their native stack ended (enum rprof_native_stop).
     pub native_stops: [u64; types::rprof_native_stop::RPROF_NATIVE_STOP_MAX.0 as usize],
 }
@@ -160,10 +164,18 @@ pub struct Probe {
     /// `wall` is attached: processes added from now on are accounted from
     /// when they are added.
     wall_started: bool,
+    /// The ticks' period (`cpu_period_ns` in BPF; 0: not attached).
+    cpu_period_ns: u64,
     /// What a stack holds beyond Ruby's frames (--native, --kernel).
     native: bool,
     kernel: bool,
 }
+
+/// How far a thread's samples may be ahead of or behind its CPU time, beyond
+/// a period, before BPF evens them (`cpu_sample_weight`): the kernel adds to
+/// a running thread's CPU time at its scheduler ticks, which are 10 ms apart
+/// at most (HZ=100), so a thread found at every tick is never evened.
+const CPU_SLACK_NS: u64 = 10_000_000;
 
 /// Ring buffer size: room for a few hundred deep stacks between two polls.
 const RING_BYTES: u32 = 32 << 20;
@@ -313,6 +325,7 @@ impl Probe {
             epoch: 0,
             detached: false,
             stop_ns: 0,
+            cpu_period_ns: 0,
             wall_started: false,
             native: options.native_rows.is_some(),
             kernel: options.kernel,
@@ -533,6 +546,8 @@ impl Probe {
     /// Samples every online CPU `frequency` times a second (cpu-clock).
     pub fn attach_cpu_clock(&mut self, frequency: u64) -> Result<()> {
         let period_ns = (1_000_000_000 / frequency.max(1)).max(1);
+        self.cpu_period_ns = period_ns;
+        self.write_bss().context("setting the ticks' period")?;
         for cpu in online_cpus()? {
             // SAFETY: perf_event_attr is a plain C struct; all-zero is its default.
             let mut attr: libbpf_sys::perf_event_attr = unsafe { std::mem::zeroed() };
@@ -851,6 +866,8 @@ impl Probe {
         bss.epoch = self.epoch;
         bss.wall_final = self.detached;
         bss.stop_ns = self.stop_ns;
+        bss.cpu_period_ns = self.cpu_period_ns;
+        bss.cpu_slack_ns = self.cpu_period_ns + CPU_SLACK_NS;
         // SAFETY: `bss` is a plain C struct generated from the BPF object.
         let bytes = unsafe {
             std::slice::from_raw_parts((&bss as *const types::bss).cast::<u8>(), size_of::<types::bss>())
@@ -896,6 +913,8 @@ impl Probe {
             wall_unseen_ns: read(types::rprof_stat::RPROF_STAT_WALL_UNSEEN)?,
             wall_lost_ns: read(types::rprof_stat::RPROF_STAT_WALL_LOST)?,
             wall_missed_in: read(types::rprof_stat::RPROF_STAT_WALL_MISSED_IN)?,
+            cpu_skipped: read(types::rprof_stat::RPROF_STAT_CPU_SKIPPED)?,
+            cpu_added: read(types::rprof_stat::RPROF_STAT_CPU_ADDED)?,
             native_stops: {
                 let mut stops = [0; types::rprof_native_stop::RPROF_NATIVE_STOP_MAX.0 as usize];
                 for (i, n) in stops.iter_mut().enumerate() {

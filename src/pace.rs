@@ -15,7 +15,8 @@
 //! samples its CPU time gives; traced, rprof had 8.1% of the CPUs' time and
 //! 2.4% of the ticks). A [`Hold`] starts the counting at a moment spread
 //! evenly over a period, where a tick is as likely to come as anywhere; the
-//! naming, still done at once, is what is left (bench/tick-share).
+//! naming, still done at once, is what is left (bench/tick-share), and BPF
+//! keeps each thread's samples to its CPU time (`cpu_sample_weight`).
 
 use std::ops::RangeInclusive;
 use std::time::{Duration, Instant};

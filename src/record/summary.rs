@@ -73,6 +73,12 @@ pub fn print_summary(
             stats.wall_missed_in
         ));
     }
+    if stats.cpu_skipped + stats.cpu_added > 0 {
+        notes.push(format!(
+            "samples kept to each thread's CPU time: {} ticks not counted, {} counted more",
+            stats.cpu_skipped, stats.cpu_added
+        ));
+    }
     if stats.wall_lost_ns > 0 {
         notes.push(format!(
             "{:.1} ms lost to a full counts map",
