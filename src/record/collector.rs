@@ -200,8 +200,11 @@ impl Collector {
         let hash = s.header.hash;
         if s.has(types::rprof_sample_flags::RPROF_SAMPLE_DIRECT) {
             self.count_unknown(&unknown);
-            self.unknown_samples += u64::from(!unknown.is_empty());
-            // One event: a CPU sample or a syscall (1), or `wall` time (ns).
+            // One event: what a CPU sample counts (BPF's `cpu_sample_weight`),
+            // a syscall (1), or `wall` time (ns).
+            if !unknown.is_empty() {
+                self.unknown_samples += s.header.weight;
+            }
             self.count(hash, &thread, &Rc::new(stack), s.header.weight);
             return;
         }
