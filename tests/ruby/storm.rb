@@ -1,5 +1,5 @@
 # A fork storm: once it gets SIGUSR1, forks COUNT (ARGV[0]) short-lived
-# children, PARALLEL (ARGV[1]) at a time; each burns 50 ms of CPU in
+# children, PARALLEL (ARGV[1]) at a time; each burns 25 ms of CPU in
 # Object#storm_child and exits. Prints "progress 100" once 100 have exited,
 # then "children PID,PID,..." once all have, and exits at the next SIGUSR1
 # (so that rprof is still recording when it is measured).
@@ -7,7 +7,7 @@ COUNT = Integer(ARGV.fetch(0))
 PARALLEL = Integer(ARGV.fetch(1))
 
 def storm_child
-  deadline = Process.clock_gettime(Process::CLOCK_PROCESS_CPUTIME_ID) + 0.05
+  deadline = Process.clock_gettime(Process::CLOCK_PROCESS_CPUTIME_ID) + 0.025
   x = 0
   x += 1 while Process.clock_gettime(Process::CLOCK_PROCESS_CPUTIME_ID) < deadline
   x
