@@ -47,13 +47,12 @@ demo: build
 	$(RPROF) record -F 499 -o rprof-demo.svg -- ruby demo/app.rb 5
 	@echo "make: open $$(pwd)/rprof-demo.svg in a browser"
 
-# Built here, before the tests: install.rs's `make release` then finds it
-# done (built only by the tests' build, it would be built while the other
-# lane's tests run it). The tests' build reuses it: libc's features in
-# Cargo.toml match the dev-dependencies'.
+# The binary is built by the tests' build (scripts/run-tests.sh), beside the
+# test harnesses; install.rs's `make release` finds it done: libc's features
+# in Cargo.toml match the dev-dependencies', and build.rs leaves git's index
+# alone (rewritten, it had the next build run build.rs again and rebuild).
 test: deps test-deps tracefs lint
 	scripts/setup-rubies.sh all
-	$(CARGO) build --release --locked
 	CARGO=$(CARGO) scripts/run-tests.sh
 
 lint:

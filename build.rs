@@ -50,6 +50,15 @@ fn git_commit() -> String {
         println!("cargo:rerun-if-changed={dir}/HEAD");
         println!("cargo:rerun-if-changed={dir}/index");
     }
-    let dirty = git(&["status", "--porcelain", "--untracked-files=no"]).is_some_and(|s| !s.is_empty());
+    // Without refreshing the index: written by this script, the index looked
+    // changed to the next build, which ran the script again and rebuilt rprof
+    // (a fresh clone's first `git status` rewrites it).
+    let dirty = git(&[
+        "--no-optional-locks",
+        "status",
+        "--porcelain",
+        "--untracked-files=no",
+    ])
+    .is_some_and(|s| !s.is_empty());
     format!("commit {commit}{}", if dirty { "-dirty" } else { "" })
 }
