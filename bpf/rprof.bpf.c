@@ -140,10 +140,8 @@ const volatile bool follow_every_exec = false;
 /* alloc: 1 in this many allocations is walked, and weighs this many. */
 const volatile __u32 alloc_every = 1;
 /* cpu: the ticks' period, set by userspace as it attaches them (0: every
- * sample counts 1), and how far a thread's samples may run ahead of or
- * behind its CPU time before they are evened (cpu_sample_weight). */
+ * sample counts 1; cpu_sample_weight). */
 volatile __u64 cpu_period_ns;
-volatile __u64 cpu_slack_ns;
 
 /* Keep the shared types in BTF so the skeleton generates them for Rust. */
 struct rprof_frame rprof_frame_type;
@@ -1420,14 +1418,17 @@ struct {
  * more often than its share of the CPUs: a Puma worker rprof displaced got
  * from 0.88 to 1.10 of the samples its CPU time gives (tests/servers.rs).
  * So each thread's samples are kept to its CPU time: a sample counts 1;
- * none when the thread's samples are ahead of its CPU time by more than
- * cpu_slack_ns; more when they are behind by more, down to the slack. The
- * slack covers how stale sum_exec_runtime may be (the scheduler adds to it
- * at its own ticks, 1/HZ apart), so a thread found at every tick counts 1
- * at each. */
+ * none when the thread's samples are ahead of its CPU time by more than a
+ * period and CPU_SLACK_NS; more when they are behind by more, down to that.
+ * CPU_SLACK_NS covers how stale sum_exec_runtime may be: the scheduler adds
+ * to it at its own ticks, at most 10 ms apart (HZ=100), so a thread found
+ * at every tick counts 1 at each. */
+#define CPU_SLACK_NS 10000000ULL
+
 static __always_inline __u64 cpu_sample_weight(struct task_struct *task)
 {
-	__u64 ran = task->se.sum_exec_runtime, period = cpu_period_ns, slack = cpu_slack_ns;
+	__u64 ran = task->se.sum_exec_runtime, period = cpu_period_ns;
+	__u64 slack = period + CPU_SLACK_NS, extra;
 	struct cpu_account *a;
 	__s64 behind;
 
@@ -1450,9 +1451,9 @@ static __always_inline __u64 cpu_sample_weight(struct task_struct *task)
 		a->counted += period;
 		return 1;
 	}
-	behind = ((__u64)behind - slack) / period + 1;
-	a->counted += (1 + behind) * period;
-	return 1 + behind;
+	extra = ((__u64)behind - slack) / period + 1;
+	a->counted += (1 + extra) * period;
+	return 1 + extra;
 }
 
 static __always_inline int on_event(void *ctx, __u32 event, const enum event_kind kind,

@@ -171,12 +171,6 @@ pub struct Probe {
     kernel: bool,
 }
 
-/// How far a thread's samples may be ahead of or behind its CPU time, beyond
-/// a period, before BPF evens them (`cpu_sample_weight`): the kernel adds to
-/// a running thread's CPU time at its scheduler ticks, which are 10 ms apart
-/// at most (HZ=100), so a thread found at every tick is never evened.
-const CPU_SLACK_NS: u64 = 10_000_000;
-
 /// Ring buffer size: room for a few hundred deep stacks between two polls.
 const RING_BYTES: u32 = 32 << 20;
 
@@ -867,7 +861,6 @@ impl Probe {
         bss.wall_final = self.detached;
         bss.stop_ns = self.stop_ns;
         bss.cpu_period_ns = self.cpu_period_ns;
-        bss.cpu_slack_ns = self.cpu_period_ns + CPU_SLACK_NS;
         // SAFETY: `bss` is a plain C struct generated from the BPF object.
         let bytes = unsafe {
             std::slice::from_raw_parts((&bss as *const types::bss).cast::<u8>(), size_of::<types::bss>())

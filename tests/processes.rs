@@ -340,7 +340,7 @@ fn a_storm_of_2000_short_lived_children_each_under_its_own_identity_in_flat_memo
     }
     // 25 ms of CPU each at 499 Hz: about 12 samples a child, none of them
     // waiting for rprof (a child inherits its parent's recipe in BPF), and
-    // each sample at least counts (a thread's first counts 1). (With 50 ms
+    // a child's first sample always counts (cpu_sample_weight). (With 50 ms
     // a child, the test burnt 100 s of CPU, 55 s of its suite's 79.)
     assert!(
         sampled.len() >= 1980,

@@ -485,6 +485,11 @@ pub fn record_until(
 /// time); it must have succeeded.
 pub fn stop_when(what: &str, rprof: Attached, limit: u64, enough: impl FnMut() -> Result<(), String>) -> Run {
     wait_for(what, limit, enough);
+    stopped(what, rprof)
+}
+
+/// Ctrl-C, and what rprof recorded (it must end well).
+pub fn stopped(what: &str, rprof: Attached) -> Run {
     rprof.interrupt();
     let run = rprof.finish();
     assert!(run.success, "{what}: {}", run.stderr);
@@ -764,10 +769,7 @@ pub fn record_starved(pid: u32, args: &[&str], cpu: f64) -> Run {
     // frames.rs's time): more of the same starved recording, past what the
     // test asked for.
     drop(busy);
-    rprof.interrupt();
-    let run = rprof.finish();
-    assert!(run.success, "{what}: {}", run.stderr);
-    run
+    stopped(&what, rprof)
 }
 
 /// `rprof record --format folded -o TMP ARGS...`, the targets in ARGS.
