@@ -987,6 +987,25 @@ static __always_inline __u64 seeded_hash(struct rprof_wall_task *e, __u32 tid, _
 	return e->hash;
 }
 
+/* wall: `ns` for stack `hash`, which the counts map has no room for, sent
+ * on its own for userspace to add to the stack it named by that hash. */
+static __always_inline void send_time(__u64 hash, __u64 ns)
+{
+	struct rprof_sample_header *h = bpf_ringbuf_reserve(&samples, sizeof(*h), 0);
+
+	if (!h) {
+		stat_add(RPROF_STAT_WALL_LOST, ns);
+		return;
+	}
+	__builtin_memset(h, 0, sizeof(*h));
+	h->kind = RPROF_RECORD_SAMPLE;
+	h->hash = hash;
+	h->flags = RPROF_SAMPLE_DIRECT | RPROF_SAMPLE_BY_HASH;
+	h->weight = ns;
+	stat_inc(RPROF_STAT_AGG_FULL);
+	bpf_ringbuf_submit(h, wakeup_flags());
+}
+
 /* wall: adds `ns` to a stack whose record was sent when its interval began
  * (userspace keeps the stacks of open intervals named across epochs). */
 static __always_inline void add_time(__u64 hash, __u64 ns)
@@ -1009,7 +1028,7 @@ static __always_inline void add_time(__u64 hash, __u64 ns)
 	if (c)
 		__sync_fetch_and_add(&c->count, ns);
 	else
-		stat_add(RPROF_STAT_WALL_LOST, ns);
+		send_time(hash, ns);
 }
 
 /* wall: the thread's slot for time of kind `key`, taken if it has none

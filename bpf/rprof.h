@@ -304,6 +304,10 @@ enum rprof_sample_flags {
 	/* the record carries a reading of the GC's clock (`clock`), made as
 	 * userspace makes its own: the first record of its process at a GC time */
 	RPROF_SAMPLE_CLOCK = 256,
+	/* wall: time for the stack `hash` names (with RPROF_SAMPLE_DIRECT, in
+	 * `weight`), which the counts map had no room for; no frames: the
+	 * stack's record came before */
+	RPROF_SAMPLE_BY_HASH = 512,
 };
 
 /* A reading of a target's GC clock, word by word in the order read:
@@ -591,7 +595,7 @@ enum rprof_stat {
 	RPROF_STAT_PROCESS_LOST,   /* process events the full ring buffer refused */
 	RPROF_STAT_NOT_PROFILED,   /* events of followed processes without a recipe (yet) */
 	RPROF_STAT_WALL_UNSEEN,	   /* wall: ns of threads off CPU since before rprof saw them */
-	RPROF_STAT_WALL_LOST,	   /* wall: ns a full counts map could not take */
+	RPROF_STAT_WALL_LOST,	   /* wall: ns the full counts map and ring buffer refused */
 	RPROF_STAT_WALL_MISSED_IN, /* wall: threads found running that no switch-in showed */
 	RPROF_STAT_CPU_SKIPPED,	   /* cpu: ticks not counted, the thread's samples ahead of its CPU
 				      time */

@@ -218,6 +218,17 @@ impl Probe {
             .samples
             .set_max_entries(ring_bytes)
             .context("sizing the ring buffer")?;
+        // RPROF_COUNTS_ENTRIES shrinks the in-kernel counts tables: the tests
+        // use it to fill them, so that events are sent one by one.
+        if let Some(entries) = std::env::var("RPROF_COUNTS_ENTRIES")
+            .ok()
+            .and_then(|v| v.parse::<u32>().ok())
+            .filter(|n| *n > 0)
+        {
+            for map in [&mut open.maps.counts0, &mut open.maps.counts1] {
+                map.set_max_entries(entries).context("sizing the counts tables")?;
+            }
+        }
         if let Some(rows) = options.native_rows {
             open.maps
                 .unwind_rows

@@ -26,12 +26,26 @@ fn spent(target: &mut Target) -> (f64, f64) {
 /// over the recording (about 75%).
 #[test]
 fn a_method_called_three_times_as_often_gets_its_share_of_cpu_time() {
+    three_times_as_often(&[]);
+}
+
+/// The same with an in-kernel counts table of one entry: all but one stack
+/// of each epoch is sent sample by sample (RPROF_SAMPLE_DIRECT), each with
+/// what it counts.
+#[test]
+fn a_method_called_three_times_as_often_gets_its_share_with_the_counts_table_full() {
+    let stderr = three_times_as_often(&[("RPROF_COUNTS_ENTRIES", "1")]);
+    assert!(stderr.contains(" sent one by one"), "{stderr}");
+}
+
+/// Records ratio.rb with `env` and checks its methods' shares; rprof's stderr.
+fn three_times_as_often(env: &[(&str, &str)]) -> String {
     let mut target = Ruby::host().spawn("ratio.rb", &[]);
     let (thrice_before, once_before) = spent(&mut target);
     // Until ratio.rb has used 3 s of CPU (at 999 Hz, 1,500 samples need
     // 1.5 s: a fixed 3 s gave 1,432 beside the other lane and two CPU-bound
     // programs).
-    let run = common::record_cpu("ratio.rb", target.pid, (&["-F", "999"], &[]), 3.0);
+    let run = common::record_cpu("ratio.rb", target.pid, (&["-F", "999"], env), 3.0);
     let (thrice_after, once_after) = spent(&mut target);
     let (thrice_ns, once_ns) = (thrice_after - thrice_before, once_after - once_before);
     let truth = thrice_ns / (thrice_ns + once_ns);
@@ -55,6 +69,7 @@ fn a_method_called_three_times_as_often_gets_its_share_of_cpu_time() {
     );
     // Every sample is accounted for in the profile.
     assert_eq!(run.folded.total(), run.summary("samples") - run.summary("lost"));
+    run.stderr
 }
 
 #[test]

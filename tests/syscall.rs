@@ -278,11 +278,17 @@ fn a_target_pinned_to_another_cpu_is_traced() {
 /// Starts count.rb with N, records enter_getppid until it exits, and returns
 /// the recording: it made exactly N getppid calls.
 fn count_run(n: u64) -> common::Run {
+    count_run_from(n, 1, &[])
+}
+
+/// `count_run`, with the calls made from `sites` methods in turn and rprof
+/// given `env`.
+fn count_run_from(n: u64, sites: u64, env: &[(&str, &str)]) -> common::Run {
     let ruby = Ruby::host();
-    let mut cmd = ruby.command("count.rb", &[&n.to_string()]);
+    let mut cmd = ruby.command("count.rb", &[&n.to_string(), &sites.to_string()]);
     cmd.stdin(Stdio::piped());
     let mut target = Target::start(&mut cmd);
-    let rprof = common::attach(target.pid, &["syscall", "enter_getppid"]);
+    let rprof = common::attach_with_env(target.pid, &["syscall", "enter_getppid"], env);
     // Attached: let the target make its calls.
     let mut stdin = target.child.stdin.take().expect("stdin");
     writeln!(stdin, "go").expect("send go");
@@ -313,6 +319,47 @@ fn every_event_is_counted_or_reported_lost() {
         "{in_loop} of {n} events under call_ppid: {:?}",
         folded.stacks
     );
+}
+
+#[test]
+fn events_sent_one_by_one_when_the_kernel_counts_table_is_full_are_all_counted() {
+    // 64 stacks, a table of 8 entries: most events find no room to be
+    // counted in the kernel and are sent on their own (RPROF_SAMPLE_DIRECT).
+    let (n, sites) = (32_000, 64);
+    let run = count_run_from(n, sites, &[("RPROF_COUNTS_ENTRIES", "8")]);
+    let one_by_one = number_before(&run.stderr, " sent one by one");
+    assert!(
+        one_by_one > n / 2,
+        "{one_by_one} of {n} sent one by one: {}",
+        run.stderr
+    );
+    assert_eq!(run.summary("events"), n, "{}", run.stderr);
+    assert_eq!(run.summary("lost"), 0, "{}", run.stderr);
+    // Each method's calls, exactly, under its own name.
+    for k in 0..sites {
+        let site = format!("Object#site_{k}");
+        let counted = run.folded.count(|f| label(f) == site);
+        assert_eq!(counted, n / sites, "{site}: {:?}", run.folded.stacks);
+    }
+    assert_eq!(run.folded.count(|f| f == "enter_getppid"), n);
+}
+
+/// The number just before `what` in `text` (a note of the summary line).
+fn number_before(text: &str, what: &str) -> u64 {
+    let at = text
+        .find(what)
+        .unwrap_or_else(|| panic!("no {what:?} in {text:?}"));
+    let digits: String = text[..at]
+        .chars()
+        .rev()
+        .take_while(char::is_ascii_digit)
+        .collect::<Vec<_>>()
+        .into_iter()
+        .rev()
+        .collect();
+    digits
+        .parse()
+        .unwrap_or_else(|_| panic!("no number before {what:?} in {text:?}"))
 }
 
 #[test]

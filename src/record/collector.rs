@@ -132,6 +132,9 @@ impl Collector {
         // A change in the processes; samples are urgent as they are named.
         self.urgent |= matches!(&r, Record::Process(_));
         match r {
+            Record::Sample(s) if s.has(types::rprof_sample_flags::RPROF_SAMPLE_BY_HASH) => {
+                self.add_count(s.header.hash, s.header.weight);
+            }
             Record::Sample(s) => {
                 // Code loaded after rprof read the process's mappings.
                 if s.header.native_stop == types::rprof_native_stop::RPROF_NATIVE_NO_MAPPING.0 {
@@ -201,11 +204,29 @@ impl Collector {
         if s.has(types::rprof_sample_flags::RPROF_SAMPLE_DIRECT) {
             self.count_unknown(&unknown);
             // One event: what a CPU sample counts (BPF's `cpu_sample_weight`),
-            // a syscall (1), or `wall` time (ns).
-            if !unknown.is_empty() {
-                self.unknown_samples += s.header.weight;
+            // a syscall (1), or `wall` time (ns: 0 for a wait that has just
+            // begun), with time sent for it while it waited.
+            let n = s.header.weight + self.waiting_counts.remove(&hash).unwrap_or(0);
+            let stack = Rc::new(stack);
+            if n > 0 {
+                if !unknown.is_empty() {
+                    self.unknown_samples += n;
+                }
+                self.count(hash, &thread, &stack, n);
             }
-            self.count(hash, &thread, &Rc::new(stack), s.header.weight);
+            // `wall`: its wait's time may come later by its hash alone
+            // (RPROF_SAMPLE_BY_HASH).
+            let generation = self.generation;
+            self.stacks
+                .entry(hash)
+                .or_insert_with(|| CachedStack {
+                    thread,
+                    frames: stack,
+                    generation,
+                    unknown: !unknown.is_empty(),
+                    kind: WallKind::of(&s.header),
+                })
+                .generation = generation;
             return;
         }
         // The same hash means the same frames at the same GC time, so the same
@@ -312,6 +333,28 @@ impl Collector {
             }
         }
         Ok(())
+    }
+
+    /// Adds `n` events (or `wall` ns) to the stack named by `hash`: counted
+    /// in the kernel, or sent by hash when its table was full.
+    fn add_count(&mut self, hash: u64, n: u64) {
+        match self.stacks.get_mut(&hash) {
+            // `wall`: a wait that has just begun (counted when it ends).
+            Some(cached) if n == 0 => cached.generation = self.generation,
+            None if n == 0 => {}
+            Some(cached) => {
+                cached.generation = self.generation;
+                if cached.unknown {
+                    self.unknown_samples += n;
+                }
+                let (thread, frames) = (cached.thread.clone(), cached.frames.clone());
+                self.count(hash, &thread, &frames, n);
+            }
+            None if self.deferred.iter().any(|s| s.header.hash == hash) => {
+                *self.waiting_counts.entry(hash).or_default() += n;
+            }
+            None => self.undelivered += n,
+        }
     }
 
     /// Adds `n` events of this stack to the epoch open.
@@ -570,23 +613,7 @@ impl Collector {
         let counts = probe.take_counts(closed)?;
         self.retry(last, processes);
         for (hash, n) in counts {
-            match self.stacks.get_mut(&hash) {
-                // `wall`: a wait that has just begun (counted when it ends).
-                Some(cached) if n == 0 => cached.generation = self.generation,
-                None if n == 0 => {}
-                Some(cached) => {
-                    cached.generation = self.generation;
-                    if cached.unknown {
-                        self.unknown_samples += n;
-                    }
-                    let (thread, frames) = (cached.thread.clone(), cached.frames.clone());
-                    self.count(hash, &thread, &frames, n);
-                }
-                None if self.deferred.iter().any(|s| s.header.hash == hash) => {
-                    *self.waiting_counts.entry(hash).or_default() += n;
-                }
-                None => self.undelivered += n,
-            }
+            self.add_count(hash, n);
         }
         if last {
             self.undelivered += self.waiting_counts.drain().map(|(_, n)| n).sum::<u64>();

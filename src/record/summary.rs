@@ -81,7 +81,7 @@ pub fn print_summary(
     }
     if stats.wall_lost_ns > 0 {
         notes.push(format!(
-            "{:.1} ms lost to a full counts map",
+            "{:.1} ms lost: the counts map and the ring buffer were full",
             stats.wall_lost_ns as f64 / 1e6
         ));
     }

@@ -143,15 +143,18 @@ impl WallKind {
 /// wait's hash xor `RPROF_WALL_GC_SALT` (`gc_waited` in BPF), and sends no
 /// record of its own.
 /// Only for a Ruby with a GC clock (`has_clock`): BPF splits no other's waits.
-/// Not for a record that carries its own time (RPROF_SAMPLE_DIRECT: a map
-/// full, or `unsampled`): its twin would count that time again (a thread's
-/// unsampled GVL wait of 0.2 s made its total 3.2 s of a 3 s recording).
+/// Not for `unsampled` time, which has no stack BPF counts to. The twin of a
+/// record that carries its own time (RPROF_SAMPLE_DIRECT: the counts map
+/// full) carries none: it would count that time again (a thread's unsampled
+/// GVL wait of 0.2 s made its total 3.2 s of a 3 s recording). It is still
+/// named, for the time BPF sends it by hash.
 pub fn gc_twin(s: &Sample, has_clock: bool) -> Option<Sample> {
-    let carries_time = s.has(types::rprof_sample_flags::RPROF_SAMPLE_DIRECT);
-    (has_clock && s.header.wall_state == S::RPROF_WALL_GVL.0 && !carries_time).then(|| {
+    let unsampled = s.has(types::rprof_sample_flags::RPROF_SAMPLE_UNSAMPLED);
+    (has_clock && s.header.wall_state == S::RPROF_WALL_GVL.0 && !unsampled).then(|| {
         let mut twin = s.clone();
         twin.header.hash = gc_twin_hash(s.header.hash);
         twin.header.wall_state = S::RPROF_WALL_GC.0;
+        twin.header.weight = 0;
         twin
     })
 }
@@ -518,8 +521,9 @@ mod tests {
         }
     }
 
-    /// A GVL wait's record that carries its time has no GC twin; one
-    /// counted by its hash has.
+    /// Unsampled GVL time has no GC twin; a walked GVL wait has, and the
+    /// twin of one sent on its own (the counts map full) counts nothing of
+    /// the wait's time itself.
     #[test]
     fn only_hashed_gvl_waits_have_a_gc_twin() {
         let unsampled = unsampled(gvl_wait(), 200_000_000);
@@ -531,5 +535,10 @@ mod tests {
         assert_eq!(twin.header.wall_state, S::RPROF_WALL_GC.0);
         assert_eq!(twin.header.hash, gc_twin_hash(walked.header.hash));
         assert!(gc_twin(&walked, false).is_none());
+        let mut direct = walked.clone();
+        direct.header.flags = types::rprof_sample_flags::RPROF_SAMPLE_DIRECT.0;
+        direct.header.weight = 5_000_000;
+        let twin = gc_twin(&direct, true).expect("a twin");
+        assert_eq!(twin.header.weight, 0);
     }
 }
