@@ -675,14 +675,13 @@ impl Probe {
     }
 
     /// `wall`: process `pid`'s GC clock when the recording stopped, for the
-    /// last sweep (a clock that cannot be written leaves its waits unsplit,
-    /// as they were).
-    pub fn set_stop_clock(&mut self, pid: u32, clock: u64) {
-        let _ =
-            self.skel
-                .maps
-                .wall_stop_clocks
-                .update(&pid.to_ne_bytes(), &clock.to_ne_bytes(), MapFlags::ANY);
+    /// last sweep.
+    pub fn set_stop_clock(&mut self, pid: u32, clock: u64) -> Result<()> {
+        self.skel
+            .maps
+            .wall_stop_clocks
+            .update(&pid.to_ne_bytes(), &clock.to_ne_bytes(), MapFlags::ANY)
+            .context("noting a GC clock at the stop")
     }
 
     /// Traces tracepoint `category:name`; its events carry `cookie` (1-based).

@@ -82,7 +82,14 @@ pub fn note_stop_clocks(probe: &mut Probe, processes: &mut Processes) {
         };
         let target = &ruby.target;
         if let Some(ns) = target.gc.and_then(|clock| clock.time(&target.process)) {
-            probe.set_stop_clock(f.id.pid, ns.saturating_add(1));
+            // Without it, the GVL waits still open count whole as waits for
+            // the GVL, none of them as waits for another thread's GC.
+            if let Err(e) = probe.set_stop_clock(f.id.pid, ns.saturating_add(1)) {
+                eprintln!(
+                    "rprof: process {}: its last GVL waits are not split by its GC: {e:#}",
+                    f.id.pid
+                );
+            }
         }
     }
 }
