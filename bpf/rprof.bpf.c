@@ -880,7 +880,8 @@ static __always_inline void finish(struct scratch *s, __u64 frames_hash)
 
 	/* Unconditionally (zero but for a socket's wait): a branch here would be
 	 * one more path in every program that counts. */
-	m = mix(mix(mix(mix(m, (__u64)h->peer_family << 16 | h->peer_port), *(__u64 *)h->peer_addr),
+	m = mix(mix(mix(mix(m, (__u64)h->local_port << 32 | h->peer_family << 16 | h->peer_port),
+			*(__u64 *)h->peer_addr),
 		    *(__u64 *)(h->peer_addr + 8)),
 		h->alloc_class ^ ((__u64)h->alloc_type << 58));
 	h->hash = finish_hash(m);
@@ -909,6 +910,7 @@ static __always_inline void begin(struct scratch *s, struct rprof_proc *p, __u32
 	s->hdr.gc_state = 0;
 	s->hdr.peer_family = 0;
 	s->hdr.peer_port = 0;
+	s->hdr.local_port = 0;
 	__builtin_memset(s->hdr.peer_addr, 0, sizeof(s->hdr.peer_addr));
 	s->hdr.weight = 1;
 	s->hdr.alloc_class = 0;
@@ -1260,6 +1262,7 @@ struct wall_walk {
 	__u16 peer_family;
 	__u16 peer_port;
 	__u8 peer_addr[16];
+	__u16 local_port;
 };
 
 #define AF_UNIX	   1
@@ -1286,6 +1289,7 @@ static __always_inline __u32 socket_peer(struct file *file, struct wall_walk *r)
 		return RPROF_WALL_OBJECT_LISTENING;
 	}
 	r->peer_port = bpf_ntohs(BPF_CORE_READ(sk, __sk_common.skc_dport));
+	r->local_port = BPF_CORE_READ(sk, __sk_common.skc_num);
 	/* Whole addresses: BPF_CORE_READ_INTO into an array copies one element. */
 	if (family == AF_INET)
 		bpf_core_read(r->peer_addr, 4, &sk->__sk_common.skc_daddr);
@@ -1874,6 +1878,7 @@ __noinline __u64 wall_walk_count(struct wall_walk *r)
 	s->hdr.wall_object = r->object;
 	s->hdr.peer_family = r->peer_family;
 	s->hdr.peer_port = r->peer_port;
+	s->hdr.local_port = r->local_port;
 	__builtin_memcpy(s->hdr.peer_addr, r->peer_addr, sizeof(s->hdr.peer_addr));
 	s->hdr.weight = 0;
 	s->ruby_hash = w.hash;

@@ -418,7 +418,11 @@ struct rprof_sample_header {
 	 * its type (enum ruby_value_type) */
 	__u64 alloc_class;
 	__u32 alloc_type;
-	__u32 pad;
+	/* wall, blocked on a connected IP socket: the socket's own port (host
+	 * order): a port its network namespace listens on marks a connection
+	 * accepted there, whose peer is a client's passing port */
+	__u16 local_port;
+	__u16 pad;
 	struct rprof_gc_reading clock; /* RPROF_SAMPLE_CLOCK */
 };
 

@@ -9,6 +9,7 @@ use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use crate::bpf::types;
+use crate::processes::ProcessId;
 
 use types::rprof_wall_object as O;
 
@@ -20,9 +21,14 @@ const AF_INET6: u16 = 10;
 const TCP_LISTEN: u32 = 0x0a;
 
 /// What a wait's object is called in its state frame (` (socket ...)`,
-/// ` (pipe)`...), from the header's object kind and peer.
-pub fn label(h: &types::rprof_sample_header) -> String {
+/// ` (pipe)`...), from the header's object kind and peer; a connection
+/// `accepted` on a port its namespace listens on is called by that port
+/// (its peer is a client's passing port, a new one for each connection).
+pub fn label(h: &types::rprof_sample_header, accepted: bool) -> String {
     match O(h.wall_object) {
+        O::RPROF_WALL_OBJECT_SOCKET if accepted => {
+            format!(" (socket accepted on port {})", h.local_port)
+        }
         O::RPROF_WALL_OBJECT_SOCKET => match peer_of(h) {
             Some(addr) => format!(" (socket {addr})"),
             None if h.peer_family == AF_UNIX => " (unix socket)".to_string(),
@@ -83,6 +89,7 @@ impl Sockets {
                 return O::RPROF_WALL_OBJECT_LISTENING.0;
             }
             h.peer_port = row.remote_port;
+            h.local_port = row.local_port;
             h.peer_addr = row.remote;
         } else if table.unix.contains(&inode) {
             h.peer_family = AF_UNIX;
@@ -115,6 +122,79 @@ impl Table {
             .collect();
         table
     }
+}
+
+/// The TCP ports listened on in each process's network namespace: a
+/// connected socket whose own port is one of them was accepted there. Read
+/// from /proc/PID/net/tcp{,6} when a socket's port is not known either way,
+/// at most once an epoch per process; what is not listened on is trusted
+/// for `KEEP_EPOCHS` (a port in use by a connection cannot be listened on).
+#[derive(Default)]
+pub struct Listening(HashMap<ProcessId, Ports>);
+
+#[derive(Default)]
+pub struct Ports {
+    listening: HashSet<u16>,
+    not: HashSet<u16>,
+    /// The epoch the ports were last read in.
+    read_in: Option<u64>,
+}
+
+/// Epochs (of half a second) a port found not listened on is trusted.
+const KEEP_EPOCHS: u64 = 120;
+
+impl Listening {
+    /// Whether the socket of `h` (a wait on a connected IP socket of
+    /// process `id`) was accepted on a port its namespace listens on.
+    pub fn accepted(&mut self, id: ProcessId, h: &types::rprof_sample_header, epoch: u64) -> bool {
+        if O(h.wall_object) != O::RPROF_WALL_OBJECT_SOCKET
+            || h.local_port == 0
+            || !matches!(h.peer_family, AF_INET | AF_INET6)
+        {
+            return false;
+        }
+        let port = h.local_port;
+        let p = self.0.entry(id).or_default();
+        if p.read_in.is_none_or(|at| epoch >= at + KEEP_EPOCHS) {
+            p.not.clear();
+        }
+        if p.listening.contains(&port) {
+            return true;
+        }
+        if p.not.contains(&port) {
+            return false;
+        }
+        if p.read_in != Some(epoch) {
+            p.listening = listening_ports(id.pid);
+            p.read_in = Some(epoch);
+            if p.listening.contains(&port) {
+                return true;
+            }
+        }
+        p.not.insert(port);
+        false
+    }
+
+    /// Forgets a process that ended.
+    pub fn forget(&mut self, id: &ProcessId) {
+        self.0.remove(id);
+    }
+}
+
+/// The TCP ports listened on in process `pid`'s network namespace.
+fn listening_ports(pid: u32) -> HashSet<u16> {
+    ["tcp", "tcp6"]
+        .iter()
+        .flat_map(|name| {
+            let text = std::fs::read_to_string(format!("/proc/{pid}/net/{name}")).unwrap_or_default();
+            text.lines()
+                .skip(1)
+                .filter_map(Row::parse)
+                .filter(|row| row.state == TCP_LISTEN)
+                .map(|row| row.local_port)
+                .collect::<Vec<_>>()
+        })
+        .collect()
 }
 
 /// A row of /proc/net/{tcp,tcp6,udp,udp6}.
@@ -175,13 +255,15 @@ mod tests {
             peer_addr: r.remote,
             ..Default::default()
         };
-        assert_eq!(label(&h), " (socket 127.0.0.1:5432)");
+        assert_eq!(label(&h, false), " (socket 127.0.0.1:5432)");
         let v6 = "   0: 00000000000000000000000001000000:1F90 00000000000000000000000001000000:D431 01 00000000:00000000 00:00000000 00000000  1000        0 1234 1";
         let r = Row::parse(v6).expect("a tcp6 row");
         (h.peer_family, h.peer_port, h.peer_addr) = (AF_INET6, r.remote_port, r.remote);
-        assert_eq!(label(&h), " (socket [::1]:54321)");
+        assert_eq!(label(&h, false), " (socket [::1]:54321)");
+        h.local_port = 8080;
+        assert_eq!(label(&h, true), " (socket accepted on port 8080)");
         h.wall_object = O::RPROF_WALL_OBJECT_LISTENING.0;
         h.peer_port = 8080;
-        assert_eq!(label(&h), " (socket listening on port 8080)");
+        assert_eq!(label(&h, false), " (socket listening on port 8080)");
     }
 }

@@ -1,7 +1,7 @@
 # Threads parked in known states, for `rprof record ... wall`: two threads
 # on CPU (sharing the GVL), one asleep, one reading a pipe nobody writes,
-# one reading a TCP connection whose other end never writes, one waiting for
-# a connection nobody makes, one waiting for a Mutex another thread holds,
+# one reading a TCP connection whose other end never writes, one reading the
+# other end (accepted by the server), one waiting for a connection nobody makes, one waiting for a Mutex another thread holds,
 # one in Queue#pop, and the main thread in Thread#join. Each waits in a
 # method named for its state. The ready line gives the ports.
 require "socket"
@@ -20,6 +20,10 @@ def read_pipe(r)
 end
 
 def read_socket(s)
+  s.read(1)
+end
+
+def read_client(s)
   s.read(1)
 end
 
@@ -49,7 +53,7 @@ end
 r, _w = IO.pipe
 server = TCPServer.new("127.0.0.1", 0)
 client = TCPSocket.new("127.0.0.1", server.addr[1])
-_accepted = server.accept
+accepted = server.accept
 idle = TCPServer.new("127.0.0.1", 0)
 lock = Mutex.new
 held = Queue.new
@@ -68,6 +72,7 @@ threads = [
   start.call("sleeper") { nap },
   start.call("reader") { read_pipe(r) },
   start.call("netreader") { read_socket(client) },
+  start.call("netserver") { read_client(accepted) },
   start.call("acceptor") { accept_one(idle) },
   start.call("holder") { hold(lock, held) }
 ]
