@@ -7,6 +7,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::os::unix::fs::MetadataExt;
 
 use crate::bpf::types;
 use crate::processes::ProcessId;
@@ -124,16 +125,22 @@ impl Table {
     }
 }
 
-/// The TCP ports listened on in each process's network namespace: a
-/// connected socket whose own port is one of them was accepted there. Read
-/// from /proc/PID/net/tcp{,6} when a socket's port is not known either way,
-/// at most once an epoch per process; what is not listened on is trusted
-/// for `KEEP_EPOCHS` (a port in use by a connection cannot be listened on).
+/// The TCP ports listened on in each network namespace of the followed
+/// processes: a connected socket whose own port is one of them was accepted
+/// there. Read from /proc/PID/net/tcp{,6} when a socket's port is not known
+/// either way, at most once an epoch per namespace (a host's processes share
+/// one: a read of a busy host's tables takes milliseconds); what is not
+/// listened on is trusted for `KEEP_EPOCHS` (a port in use by a connection
+/// cannot be listened on).
 #[derive(Default)]
-pub struct Listening(HashMap<ProcessId, Ports>);
+pub struct Listening {
+    ports: HashMap<u64, Ports>,
+    /// Each process's namespace (the inode of /proc/PID/ns/net).
+    namespace: HashMap<ProcessId, u64>,
+}
 
 #[derive(Default)]
-pub struct Ports {
+struct Ports {
     listening: HashSet<u16>,
     not: HashSet<u16>,
     /// The epoch the ports were last read in.
@@ -153,8 +160,18 @@ impl Listening {
         {
             return false;
         }
+        let namespace = match self.namespace.get(&id) {
+            Some(ns) => *ns,
+            None => {
+                let Ok(meta) = std::fs::metadata(format!("/proc/{}/ns/net", id.pid)) else {
+                    return false;
+                };
+                self.namespace.insert(id, meta.ino());
+                meta.ino()
+            }
+        };
         let port = h.local_port;
-        let p = self.0.entry(id).or_default();
+        let p = self.ports.entry(namespace).or_default();
         if p.read_in.is_none_or(|at| epoch >= at + KEEP_EPOCHS) {
             p.not.clear();
         }
@@ -175,9 +192,14 @@ impl Listening {
         false
     }
 
-    /// Forgets a process that ended.
+    /// Forgets a process that ended, and its namespace if it was the last
+    /// followed in it.
     pub fn forget(&mut self, id: &ProcessId) {
-        self.0.remove(id);
+        if let Some(ns) = self.namespace.remove(id) {
+            if !self.namespace.values().any(|n| *n == ns) {
+                self.ports.remove(&ns);
+            }
+        }
     }
 }
 
