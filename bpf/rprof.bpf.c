@@ -1271,7 +1271,8 @@ struct wall_walk {
 #define TCP_LISTEN 10
 
 /* The peer of the IP socket `file` into `r` (its listening port if it
- * listens): the label of a wait on it, `(socket 10.0.0.7:5432)`. */
+ * listens): the label of a wait on it, `(socket 10.0.0.7:5432)`; of a Unix
+ * socket, its inode. */
 static __always_inline __u32 socket_peer(struct file *file, struct wall_walk *r)
 {
 	struct socket *sock = BPF_CORE_READ(file, private_data);
@@ -1282,6 +1283,13 @@ static __always_inline __u32 socket_peer(struct file *file, struct wall_walk *r)
 		return RPROF_WALL_OBJECT_SOCKET;
 	family = BPF_CORE_READ(sk, __sk_common.skc_family);
 	r->peer_family = family;
+	if (family == AF_UNIX) {
+		/* Its inode: userspace finds the path it listens or was accepted on. */
+		__u64 inode = BPF_CORE_READ(file, f_inode, i_ino);
+
+		__builtin_memcpy(r->peer_addr, &inode, sizeof(inode));
+		return RPROF_WALL_OBJECT_SOCKET;
+	}
 	if (family != AF_INET && family != AF_INET6)
 		return RPROF_WALL_OBJECT_SOCKET;
 	if (BPF_CORE_READ(sk, __sk_common.skc_state) == TCP_LISTEN) {

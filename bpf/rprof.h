@@ -411,9 +411,11 @@ struct rprof_sample_header {
 	__u32 gc_state;	    /* enum rprof_gc_state: the collection this thread runs */
 	/* wall, blocked on an IP socket: its peer, or for a listening socket
 	 * (RPROF_WALL_OBJECT_LISTENING) the port it listens on; family 0: none */
-	__u16 peer_family;  /* AF_INET, AF_INET6 (AF_UNIX: no address) */
-	__u16 peer_port;    /* host order */
-	__u8 peer_addr[16]; /* network order; AF_INET in the first 4 */
+	__u16 peer_family; /* AF_INET, AF_INET6, AF_UNIX */
+	__u16 peer_port;   /* host order */
+	/* network order, AF_INET in the first 4; AF_UNIX: the socket's own
+	 * inode (a __u64), not its peer's */
+	__u8 peer_addr[16];
 	/* alloc: the class of the object allocated (0: a hidden object), and
 	 * its type (enum ruby_value_type) */
 	__u64 alloc_class;

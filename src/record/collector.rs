@@ -63,8 +63,8 @@ pub struct Collector {
     /// `wall`: time of waits not walked, by kind, to share out as the epoch
     /// closes, with the epochs it has waited for a walked stack of its kind.
     wall_pending: Vec<(WallKind, u64, u32)>,
-    /// `wall`: which sockets were accepted on a port listened on.
-    listening: peer::Listening,
+    /// `wall`: what sockets' namespaces listen on.
+    namespaces: peer::Namespaces,
     /// A record came since `take_urgent` that must be read soon: one with
     /// young code rprof had to read (a minor GC may free it, and more
     /// records of it may come), or a process's change.
@@ -91,7 +91,7 @@ impl Collector {
             native: None,
             named_ruby: HashMap::new(),
             wall_pending: Vec::new(),
-            listening: peer::Listening::default(),
+            namespaces: peer::Namespaces::default(),
             urgent: false,
         }
     }
@@ -432,7 +432,7 @@ impl Collector {
         let comm: Vec<u8> = h.comm.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
         let comm = String::from_utf8_lossy(&comm).into_owned();
         let process = self.process_info(f);
-        let accepted = self.listening.accepted(f.id, h, self.generation);
+        let known = self.namespaces.look_up(f.id, h, self.generation);
         let mut stack = Vec::with_capacity(s.frames.len() + 4);
         let native_thread = |process| ThreadEntry {
             process,
@@ -501,11 +501,7 @@ impl Collector {
             let leaf = ruby.first().and_then(|r| r.frame.as_ref()).filter(|f| {
                 f.kind == FrameKind::CMethod || f.file.as_deref().is_some_and(|p| p.starts_with("<internal:"))
             });
-            stack.push(Frame::state(wall::state_label(
-                h,
-                leaf.map(|f| &*f.name),
-                accepted,
-            )));
+            stack.push(Frame::state(wall::state_label(h, leaf.map(|f| &*f.name), &known)));
         } else if h.alloc_type != 0 {
             let (frame, why) = alloc_frame(h, resolver, sample_time(s));
             stack.push(frame);
@@ -635,12 +631,12 @@ impl Collector {
         self.generation += 1;
         // Processes that ended are described no more, here or in a file.
         let mut ended = Vec::new();
-        let listening = &mut self.listening;
+        let namespaces = &mut self.namespaces;
         self.process_info.retain(|id, info| {
             let alive = processes.get(id.pid, id.start_ticks).is_some();
             if !alive {
                 ended.push(info.clone());
-                listening.forget(id);
+                namespaces.forget(id);
             }
             alive
         });

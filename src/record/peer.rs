@@ -1,9 +1,11 @@
 //! What socket a blocked call waits on, for `wall`'s state frame: the peer
 //! of a connected IP socket (`(socket 10.0.0.7:5432)`: which database or
-//! service a request waits for), the port a listening socket listens on, or
-//! a Unix socket. BPF fills the header's peer fields for the waits it
+//! service a request waits for), the port a listening socket listens on or
+//! a connection was accepted on, or a Unix socket (by the path it listens
+//! or was accepted on). BPF fills the header's peer fields for the waits it
 //! walks; for a stack read in userspace they come from /proc/PID/net, by the
-//! socket's inode.
+//! socket's inode. What only the namespace's tables tell (which ports and
+//! paths are listened on) is looked up as records are named (`Namespaces`).
 
 use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -21,15 +23,37 @@ const AF_INET6: u16 = 10;
 /// `TCP_LISTEN` in /proc/net/tcp's `st` column.
 const TCP_LISTEN: u32 = 0x0a;
 
+/// What the network namespace's tables say of a wait's socket.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub enum Known {
+    #[default]
+    Nothing,
+    /// An IP connection accepted on the port it has (`local_port`): its peer
+    /// is a client's passing port, a new one for each connection.
+    AcceptedOnPort,
+    /// A Unix socket listening on this path.
+    UnixListening(String),
+    /// A Unix connection accepted on this path.
+    UnixAccepted(String),
+}
+
 /// What a wait's object is called in its state frame (` (socket ...)`,
-/// ` (pipe)`...), from the header's object kind and peer; a connection
-/// `accepted` on a port its namespace listens on is called by that port
-/// (its peer is a client's passing port, a new one for each connection).
-pub fn label(h: &types::rprof_sample_header, accepted: bool) -> String {
-    match O(h.wall_object) {
-        O::RPROF_WALL_OBJECT_SOCKET if accepted => {
-            format!(" (socket accepted on port {})", h.local_port)
+/// ` (pipe)`...), from the header's object kind and peer, and what its
+/// namespace's tables say of it.
+pub fn label(h: &types::rprof_sample_header, known: &Known) -> String {
+    match (O(h.wall_object), known) {
+        (O::RPROF_WALL_OBJECT_SOCKET, Known::AcceptedOnPort) => {
+            return format!(" (socket accepted on port {})", h.local_port)
         }
+        (O::RPROF_WALL_OBJECT_SOCKET, Known::UnixListening(path)) => {
+            return format!(" (unix socket listening on {path})")
+        }
+        (O::RPROF_WALL_OBJECT_SOCKET, Known::UnixAccepted(path)) => {
+            return format!(" (unix socket accepted on {path})")
+        }
+        _ => {}
+    }
+    match O(h.wall_object) {
         O::RPROF_WALL_OBJECT_SOCKET => match peer_of(h) {
             Some(addr) => format!(" (socket {addr})"),
             None if h.peer_family == AF_UNIX => " (unix socket)".to_string(),
@@ -94,6 +118,7 @@ impl Sockets {
             h.peer_addr = row.remote;
         } else if table.unix.contains(&inode) {
             h.peer_family = AF_UNIX;
+            h.peer_addr[..8].copy_from_slice(&inode.to_ne_bytes());
         }
         O::RPROF_WALL_OBJECT_SOCKET.0
     }
@@ -125,71 +150,74 @@ impl Table {
     }
 }
 
-/// The TCP ports listened on in each network namespace of the followed
-/// processes: a connected socket whose own port is one of them was accepted
-/// there. Read from /proc/PID/net/tcp{,6} when a socket's port is not known
-/// either way, at most once an epoch per namespace (a host's processes share
-/// one: a read of a busy host's tables takes milliseconds); what is not
-/// listened on is trusted for `KEEP_EPOCHS` (a port in use by a connection
-/// cannot be listened on).
+/// What each network namespace of the followed processes listens on: a
+/// connected socket whose own port (TCP) or path (Unix) is listened on was
+/// accepted there. Read from /proc/PID/net/{tcp,tcp6,unix} when a socket is
+/// not known either way, at most once an epoch per namespace (a host's
+/// processes share one: a busy host's tables take milliseconds to read, in
+/// the recording loop); a TCP port found not listened on is trusted for
+/// `KEEP_EPOCHS` (a port in use by a connection cannot be listened on).
 #[derive(Default)]
-pub struct Listening {
-    ports: HashMap<u64, Ports>,
+pub struct Namespaces {
+    tables: HashMap<u64, Listeners>,
     /// Each process's namespace (the inode of /proc/PID/ns/net).
     namespace: HashMap<ProcessId, u64>,
 }
 
 #[derive(Default)]
-struct Ports {
-    listening: HashSet<u16>,
+struct Listeners {
+    ports: HashSet<u16>,
     not: HashSet<u16>,
-    /// The epoch the ports were last read in.
+    /// Unix sockets by inode: the path each is bound to (or has from the
+    /// listener it was accepted from; empty if none), and whether it listens.
+    unix: HashMap<u64, (String, bool)>,
+    /// The paths Unix sockets listen on.
+    unix_paths: HashSet<String>,
+    /// The epoch the tables were last read in.
     read_in: Option<u64>,
 }
 
 /// Epochs (of half a second) a port found not listened on is trusted.
 const KEEP_EPOCHS: u64 = 120;
 
-impl Listening {
-    /// Whether the socket of `h` (a wait on a connected IP socket of
-    /// process `id`) was accepted on a port its namespace listens on.
-    pub fn accepted(&mut self, id: ProcessId, h: &types::rprof_sample_header, epoch: u64) -> bool {
-        if O(h.wall_object) != O::RPROF_WALL_OBJECT_SOCKET
-            || h.local_port == 0
-            || !matches!(h.peer_family, AF_INET | AF_INET6)
-        {
-            return false;
+/// `__SO_ACCEPTCON` in /proc/net/unix's flags: the socket listens.
+const SO_ACCEPTCON: u32 = 0x10000;
+
+impl Namespaces {
+    /// What process `id`'s namespace says of the socket a wait of `h` is on.
+    pub fn look_up(&mut self, id: ProcessId, h: &types::rprof_sample_header, epoch: u64) -> Known {
+        if O(h.wall_object) != O::RPROF_WALL_OBJECT_SOCKET {
+            return Known::Nothing;
         }
+        let inode = u64::from_ne_bytes(h.peer_addr[..8].try_into().unwrap_or_default());
+        let tcp = matches!(h.peer_family, AF_INET | AF_INET6) && h.local_port != 0;
+        let unix = h.peer_family == AF_UNIX && inode != 0;
+        if !tcp && !unix {
+            return Known::Nothing;
+        }
+        let Some(t) = self.tables_of(id, epoch) else {
+            return Known::Nothing;
+        };
+        if tcp {
+            return t.tcp(h.local_port, id.pid, epoch);
+        }
+        t.unix(inode, id.pid, epoch)
+    }
+
+    fn tables_of(&mut self, id: ProcessId, epoch: u64) -> Option<&mut Listeners> {
         let namespace = match self.namespace.get(&id) {
             Some(ns) => *ns,
             None => {
-                let Ok(meta) = std::fs::metadata(format!("/proc/{}/ns/net", id.pid)) else {
-                    return false;
-                };
-                self.namespace.insert(id, meta.ino());
-                meta.ino()
+                let ns = std::fs::metadata(format!("/proc/{}/ns/net", id.pid)).ok()?.ino();
+                self.namespace.insert(id, ns);
+                ns
             }
         };
-        let port = h.local_port;
-        let p = self.ports.entry(namespace).or_default();
-        if p.read_in.is_none_or(|at| epoch >= at + KEEP_EPOCHS) {
-            p.not.clear();
+        let t = self.tables.entry(namespace).or_default();
+        if t.read_in.is_none_or(|at| epoch >= at + KEEP_EPOCHS) {
+            t.not.clear();
         }
-        if p.listening.contains(&port) {
-            return true;
-        }
-        if p.not.contains(&port) {
-            return false;
-        }
-        if p.read_in != Some(epoch) {
-            p.listening = listening_ports(id.pid);
-            p.read_in = Some(epoch);
-            if p.listening.contains(&port) {
-                return true;
-            }
-        }
-        p.not.insert(port);
-        false
+        Some(t)
     }
 
     /// Forgets a process that ended, and its namespace if it was the last
@@ -197,26 +225,76 @@ impl Listening {
     pub fn forget(&mut self, id: &ProcessId) {
         if let Some(ns) = self.namespace.remove(id) {
             if !self.namespace.values().any(|n| *n == ns) {
-                self.ports.remove(&ns);
+                self.tables.remove(&ns);
             }
         }
     }
 }
 
-/// The TCP ports listened on in process `pid`'s network namespace.
-fn listening_ports(pid: u32) -> HashSet<u16> {
-    ["tcp", "tcp6"]
-        .iter()
-        .flat_map(|name| {
-            let text = std::fs::read_to_string(format!("/proc/{pid}/net/{name}")).unwrap_or_default();
-            text.lines()
-                .skip(1)
-                .filter_map(Row::parse)
-                .filter(|row| row.state == TCP_LISTEN)
-                .map(|row| row.local_port)
-                .collect::<Vec<_>>()
-        })
-        .collect()
+impl Listeners {
+    fn tcp(&mut self, port: u16, pid: u32, epoch: u64) -> Known {
+        if !self.ports.contains(&port) && !self.not.contains(&port) {
+            self.read(pid, epoch);
+            if !self.ports.contains(&port) {
+                self.not.insert(port);
+            }
+        }
+        if self.ports.contains(&port) {
+            Known::AcceptedOnPort
+        } else {
+            Known::Nothing
+        }
+    }
+
+    fn unix(&mut self, inode: u64, pid: u32, epoch: u64) -> Known {
+        if !self.unix.contains_key(&inode) {
+            self.read(pid, epoch);
+        }
+        match self.unix.get(&inode) {
+            Some((path, true)) if !path.is_empty() => Known::UnixListening(path.clone()),
+            Some((path, false)) if self.unix_paths.contains(path) => Known::UnixAccepted(path.clone()),
+            _ => Known::Nothing,
+        }
+    }
+
+    /// Reads the tables again unless they were read this epoch.
+    fn read(&mut self, pid: u32, epoch: u64) {
+        if self.read_in == Some(epoch) {
+            return;
+        }
+        self.read_in = Some(epoch);
+        self.ports = ["tcp", "tcp6"]
+            .iter()
+            .flat_map(|name| {
+                let text = std::fs::read_to_string(format!("/proc/{pid}/net/{name}")).unwrap_or_default();
+                text.lines()
+                    .skip(1)
+                    .filter_map(Row::parse)
+                    .filter(|row| row.state == TCP_LISTEN)
+                    .map(|row| row.local_port)
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        let text = std::fs::read_to_string(format!("/proc/{pid}/net/unix")).unwrap_or_default();
+        self.unix = text.lines().skip(1).filter_map(unix_row).collect();
+        self.unix_paths = self
+            .unix
+            .values()
+            .filter(|(path, listening)| *listening && !path.is_empty())
+            .map(|(path, _)| path.clone())
+            .collect();
+    }
+}
+
+/// A row of /proc/net/unix, "Num RefCount Protocol Flags Type St Inode
+/// Path" (hexadecimal flags, the path only for a bound socket): its inode,
+/// path (or nothing), and whether it listens.
+fn unix_row(line: &str) -> Option<(u64, (String, bool))> {
+    let mut f = line.split_whitespace();
+    let flags = u32::from_str_radix(f.nth(3)?, 16).ok()?;
+    let inode = f.nth(2)?.parse().ok()?;
+    let path: Vec<&str> = f.collect();
+    Some((inode, (path.join(" "), flags & SO_ACCEPTCON != 0)))
 }
 
 /// A row of /proc/net/{tcp,tcp6,udp,udp6}.
@@ -277,15 +355,41 @@ mod tests {
             peer_addr: r.remote,
             ..Default::default()
         };
-        assert_eq!(label(&h, false), " (socket 127.0.0.1:5432)");
+        assert_eq!(label(&h, &Known::Nothing), " (socket 127.0.0.1:5432)");
         let v6 = "   0: 00000000000000000000000001000000:1F90 00000000000000000000000001000000:D431 01 00000000:00000000 00:00000000 00000000  1000        0 1234 1";
         let r = Row::parse(v6).expect("a tcp6 row");
         (h.peer_family, h.peer_port, h.peer_addr) = (AF_INET6, r.remote_port, r.remote);
-        assert_eq!(label(&h, false), " (socket [::1]:54321)");
+        assert_eq!(label(&h, &Known::Nothing), " (socket [::1]:54321)");
         h.local_port = 8080;
-        assert_eq!(label(&h, true), " (socket accepted on port 8080)");
+        assert_eq!(
+            label(&h, &Known::AcceptedOnPort),
+            " (socket accepted on port 8080)"
+        );
         h.wall_object = O::RPROF_WALL_OBJECT_LISTENING.0;
         h.peer_port = 8080;
-        assert_eq!(label(&h, false), " (socket listening on port 8080)");
+        assert_eq!(label(&h, &Known::Nothing), " (socket listening on port 8080)");
+    }
+
+    #[test]
+    fn proc_net_unix_rows() {
+        let listening = "00000000d16649f8: 00000002 00000000 00010000 0001 01 4390595 /run/puma.sock";
+        let accepted = "00000000e667ca6c: 00000003 00000000 00000000 0001 03 4390597 /run/puma.sock";
+        let client = "0000000047c4a1b3: 00000003 00000000 00000000 0001 03 4390596";
+        let path = "/run/puma.sock".to_string();
+        assert_eq!(unix_row(listening), Some((4390595, (path.clone(), true))));
+        assert_eq!(unix_row(accepted), Some((4390597, (path.clone(), false))));
+        assert_eq!(unix_row(client), Some((4390596, (String::new(), false))));
+        let mut h = types::rprof_sample_header {
+            wall_object: O::RPROF_WALL_OBJECT_SOCKET.0,
+            peer_family: AF_UNIX,
+            ..Default::default()
+        };
+        assert_eq!(label(&h, &Known::Nothing), " (unix socket)");
+        assert_eq!(
+            label(&h, &Known::UnixAccepted(path.clone())),
+            " (unix socket accepted on /run/puma.sock)"
+        );
+        h.wall_object = O::RPROF_WALL_OBJECT_PIPE.0;
+        assert_eq!(label(&h, &Known::UnixListening(path)), " (pipe)");
     }
 }

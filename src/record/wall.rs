@@ -487,8 +487,8 @@ fn finish(mut header: types::rprof_sample_header, frames: Vec<types::rprof_frame
 /// The leaf frame that says what the thread of `h` was doing, its system
 /// call and what that waits on; `leaf` the name of its leaf Ruby frame (the
 /// C method it waits in).
-pub fn state_label(h: &types::rprof_sample_header, leaf: Option<&str>, accepted: bool) -> String {
-    let call = || format!("{}{}", syscall_name(h.wall_syscall), peer::label(h, accepted));
+pub fn state_label(h: &types::rprof_sample_header, leaf: Option<&str>, known: &peer::Known) -> String {
+    let call = || format!("{}{}", syscall_name(h.wall_syscall), peer::label(h, known));
     match types::rprof_wall_state(h.wall_state) {
         S::RPROF_WALL_RUNNING => "[running]".to_string(),
         S::RPROF_WALL_RUNNABLE => "[runnable: CPU busy]".to_string(),

@@ -93,7 +93,8 @@ impl Ruby {
         }
     }
 
-    /// The path of a test script as this Ruby sees it (copied into the chroot).
+    /// The path of a test script as this Ruby sees it (copied into the
+    /// chroot, with the files it names with `require_relative "NAME"`).
     pub fn script_path(&self, script: &str) -> String {
         let src = scripts_dir().join(script);
         match &self.root {
@@ -102,6 +103,15 @@ impl Ruby {
                 let dir = root.join("tmp/rprof-tests");
                 std::fs::create_dir_all(&dir).expect("create script dir in chroot");
                 std::fs::copy(&src, dir.join(script)).expect("copy script into chroot");
+                let text = std::fs::read_to_string(&src).expect("read script");
+                for helper in text
+                    .lines()
+                    .filter_map(|l| l.strip_prefix("require_relative \"")?.strip_suffix('"'))
+                {
+                    let file = format!("{helper}.rb");
+                    std::fs::copy(scripts_dir().join(&file), dir.join(&file))
+                        .expect("copy helper into chroot");
+                }
                 format!("/tmp/rprof-tests/{script}")
             }
         }
