@@ -1297,7 +1297,9 @@ static __always_inline __u32 socket_peer(struct file *file, struct wall_walk *r)
 		return RPROF_WALL_OBJECT_LISTENING;
 	}
 	r->peer_port = bpf_ntohs(BPF_CORE_READ(sk, __sk_common.skc_dport));
-	r->local_port = BPF_CORE_READ(sk, __sk_common.skc_num);
+	/* TCP's only: a connection accepted on a port is named by it. */
+	if (BPF_CORE_READ(sk, sk_protocol) == IPPROTO_TCP)
+		r->local_port = BPF_CORE_READ(sk, __sk_common.skc_num);
 	/* Whole addresses: BPF_CORE_READ_INTO into an array copies one element. */
 	if (family == AF_INET)
 		bpf_core_read(r->peer_addr, 4, &sk->__sk_common.skc_daddr);

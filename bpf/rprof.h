@@ -420,7 +420,7 @@ struct rprof_sample_header {
 	 * its type (enum ruby_value_type) */
 	__u64 alloc_class;
 	__u32 alloc_type;
-	/* wall, blocked on a connected IP socket: the socket's own port (host
+	/* wall, blocked on a connected TCP socket: the socket's own port (host
 	 * order): a port its network namespace listens on marks a connection
 	 * accepted there, whose peer is a client's passing port */
 	__u16 local_port;

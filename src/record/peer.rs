@@ -95,7 +95,7 @@ fn peer_of(h: &types::rprof_sample_header) -> Option<SocketAddr> {
 pub struct Sockets(HashMap<u32, Table>);
 
 /// One process's sockets by inode: IP ones (their row, family, and whether
-/// a TCP one listens), and Unix ones.
+/// it is TCP), and Unix ones.
 #[derive(Default)]
 struct Table {
     ip: HashMap<u64, (Row, u16, bool)>,
@@ -107,14 +107,17 @@ impl Sockets {
     /// fields; returns its object kind (a listening socket's differs).
     pub fn describe(&mut self, pid: u32, inode: u64, h: &mut types::rprof_sample_header) -> u32 {
         let table = self.0.entry(pid).or_insert_with(|| Table::read(pid));
-        if let Some((row, family, listening)) = table.ip.get(&inode) {
+        if let Some((row, family, tcp)) = table.ip.get(&inode) {
             h.peer_family = *family;
-            if *listening {
+            if *tcp && row.state == TCP_LISTEN {
                 h.peer_port = row.local_port;
                 return O::RPROF_WALL_OBJECT_LISTENING.0;
             }
             h.peer_port = row.remote_port;
-            h.local_port = row.local_port;
+            // TCP's only, as BPF's (`socket_peer`).
+            if *tcp {
+                h.local_port = row.local_port;
+            }
             h.peer_addr = row.remote;
         } else if table.unix.contains(&inode) {
             h.peer_family = AF_UNIX;
@@ -135,8 +138,7 @@ impl Table {
         ] {
             let text = std::fs::read_to_string(format!("/proc/{pid}/net/{name}")).unwrap_or_default();
             for row in text.lines().skip(1).filter_map(Row::parse) {
-                let listening = row.state == TCP_LISTEN && name.starts_with("tcp");
-                table.ip.insert(row.inode, (row, family, listening));
+                table.ip.insert(row.inode, (row, family, name.starts_with("tcp")));
             }
         }
         let unix = std::fs::read_to_string(format!("/proc/{pid}/net/unix")).unwrap_or_default();
