@@ -627,8 +627,12 @@ fn a_puma_cluster_re_forking_a_worker() {
     };
     let first = [worker(&mut puma), worker(&mut puma)];
     let agent = Agent::start(&server.url(), &[], &[]);
+    // A connection per request: the workers race to accept each, and kept
+    // connections could all go to one worker, leaving the other (or the
+    // replacement) idle and unpushed (ci119; servers.rs saw the same).
     let mut wrk = Command::new("wrk")
-        .args(["-t2", "-c4", "-d12s", &format!("http://127.0.0.1:{port}/")])
+        .args(["-t2", "-c4", "-d12s", "-H", "Connection: close"])
+        .arg(format!("http://127.0.0.1:{port}/"))
         .stdout(Stdio::null())
         .spawn()
         .expect("wrk");
