@@ -409,8 +409,9 @@ struct rprof_sample_header {
 	__u32 wall_object;  /* wall, blocked: what it waits on (enum rprof_wall_object) */
 	__u64 weight;	    /* RPROF_SAMPLE_DIRECT: what it counts (1, or ns in wall mode) */
 	__u32 gc_state;	    /* enum rprof_gc_state: the collection this thread runs */
-	/* wall, blocked on an IP socket: its peer, or for a listening socket
-	 * (RPROF_WALL_OBJECT_LISTENING) the port it listens on; family 0: none */
+	/* wall, blocked on a socket: an IP socket's peer, or for a listening one
+	 * (RPROF_WALL_OBJECT_LISTENING) the port it listens on; a Unix socket's
+	 * inode; family 0: none */
 	__u16 peer_family; /* AF_INET, AF_INET6, AF_UNIX */
 	__u16 peer_port;   /* host order */
 	/* network order, AF_INET in the first 4; AF_UNIX: the socket's own
