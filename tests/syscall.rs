@@ -327,7 +327,7 @@ fn events_sent_one_by_one_when_the_kernel_counts_table_is_full_are_all_counted()
     // counted in the kernel and are sent on their own (RPROF_SAMPLE_DIRECT).
     let (n, sites) = (32_000, 64);
     let run = count_run_from(n, sites, &[("RPROF_COUNTS_ENTRIES", "8")]);
-    let one_by_one = number_before(&run.stderr, " sent one by one");
+    let one_by_one = run.summary("sent");
     assert!(
         one_by_one > n / 2,
         "{one_by_one} of {n} sent one by one: {}",
@@ -342,24 +342,6 @@ fn events_sent_one_by_one_when_the_kernel_counts_table_is_full_are_all_counted()
         assert_eq!(counted, n / sites, "{site}: {:?}", run.folded.stacks);
     }
     assert_eq!(run.folded.count(|f| f == "enter_getppid"), n);
-}
-
-/// The number just before `what` in `text` (a note of the summary line).
-fn number_before(text: &str, what: &str) -> u64 {
-    let at = text
-        .find(what)
-        .unwrap_or_else(|| panic!("no {what:?} in {text:?}"));
-    let digits: String = text[..at]
-        .chars()
-        .rev()
-        .take_while(char::is_ascii_digit)
-        .collect::<Vec<_>>()
-        .into_iter()
-        .rev()
-        .collect();
-    digits
-        .parse()
-        .unwrap_or_else(|_| panic!("no number before {what:?} in {text:?}"))
 }
 
 #[test]

@@ -41,23 +41,14 @@ pub enum Known {
 /// ` (pipe)`...), from the header's object kind and peer, and what its
 /// namespace's tables say of it.
 pub fn label(h: &types::rprof_sample_header, known: &Known) -> String {
-    match (O(h.wall_object), known) {
-        (O::RPROF_WALL_OBJECT_SOCKET, Known::AcceptedOnPort) => {
-            return format!(" (socket accepted on port {})", h.local_port)
-        }
-        (O::RPROF_WALL_OBJECT_SOCKET, Known::UnixListening(path)) => {
-            return format!(" (unix socket listening on {path})")
-        }
-        (O::RPROF_WALL_OBJECT_SOCKET, Known::UnixAccepted(path)) => {
-            return format!(" (unix socket accepted on {path})")
-        }
-        _ => {}
-    }
     match O(h.wall_object) {
-        O::RPROF_WALL_OBJECT_SOCKET => match peer_of(h) {
-            Some(addr) => format!(" (socket {addr})"),
-            None if h.peer_family == AF_UNIX => " (unix socket)".to_string(),
-            None => " (socket)".to_string(),
+        O::RPROF_WALL_OBJECT_SOCKET => match (known, peer_of(h)) {
+            (Known::AcceptedOnPort, _) => format!(" (socket accepted on port {})", h.local_port),
+            (Known::UnixListening(path), _) => format!(" (unix socket listening on {path})"),
+            (Known::UnixAccepted(path), _) => format!(" (unix socket accepted on {path})"),
+            (_, Some(addr)) => format!(" (socket {addr})"),
+            _ if h.peer_family == AF_UNIX => " (unix socket)".to_string(),
+            _ => " (socket)".to_string(),
         },
         O::RPROF_WALL_OBJECT_LISTENING => format!(" (socket listening on port {})", h.peer_port),
         O::RPROF_WALL_OBJECT_PIPE => " (pipe)".to_string(),
@@ -136,18 +127,11 @@ impl Table {
             ("udp", AF_INET),
             ("udp6", AF_INET6),
         ] {
-            let text = std::fs::read_to_string(format!("/proc/{pid}/net/{name}")).unwrap_or_default();
-            for row in text.lines().skip(1).filter_map(Row::parse) {
+            for row in ip_rows(pid, name) {
                 table.ip.insert(row.inode, (row, family, name.starts_with("tcp")));
             }
         }
-        let unix = std::fs::read_to_string(format!("/proc/{pid}/net/unix")).unwrap_or_default();
-        // "Num RefCount Protocol Flags Type St Inode Path": the inode is the 7th.
-        table.unix = unix
-            .lines()
-            .skip(1)
-            .filter_map(|l| l.split_whitespace().nth(6)?.parse().ok())
-            .collect();
+        table.unix = unix_rows(pid).into_iter().map(|(inode, _)| inode).collect();
         table
     }
 }
@@ -266,19 +250,12 @@ impl Listeners {
         }
         self.read_in = Some(epoch);
         self.ports = ["tcp", "tcp6"]
-            .iter()
-            .flat_map(|name| {
-                let text = std::fs::read_to_string(format!("/proc/{pid}/net/{name}")).unwrap_or_default();
-                text.lines()
-                    .skip(1)
-                    .filter_map(Row::parse)
-                    .filter(|row| row.state == TCP_LISTEN)
-                    .map(|row| row.local_port)
-                    .collect::<Vec<_>>()
-            })
+            .into_iter()
+            .flat_map(|name| ip_rows(pid, name))
+            .filter(|row| row.state == TCP_LISTEN)
+            .map(|row| row.local_port)
             .collect();
-        let text = std::fs::read_to_string(format!("/proc/{pid}/net/unix")).unwrap_or_default();
-        self.unix = text.lines().skip(1).filter_map(unix_row).collect();
+        self.unix = unix_rows(pid).into_iter().collect();
         self.unix_paths = self
             .unix
             .values()
@@ -286,6 +263,19 @@ impl Listeners {
             .map(|(path, _)| path.clone())
             .collect();
     }
+}
+
+/// The rows of /proc/PID/net/NAME (tcp, tcp6, udp, udp6); none if it
+/// cannot be read.
+fn ip_rows(pid: u32, name: &str) -> Vec<Row> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/net/{name}")).unwrap_or_default();
+    text.lines().skip(1).filter_map(Row::parse).collect()
+}
+
+/// The rows of /proc/PID/net/unix (`unix_row`); none if it cannot be read.
+fn unix_rows(pid: u32) -> Vec<(u64, (String, bool))> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/net/unix")).unwrap_or_default();
+    text.lines().skip(1).filter_map(unix_row).collect()
 }
 
 /// A row of /proc/net/unix, "Num RefCount Protocol Flags Type St Inode

@@ -417,7 +417,8 @@ impl Run {
         assert!(!self.stderr.contains(" ms lost"), "{what}: {}", self.stderr);
     }
 
-    /// A number from the summary line, e.g. `run.summary("lost")`.
+    /// A number from the summary line, e.g. `run.summary("lost")`, or from
+    /// its notes in brackets (`run.summary("sent")`).
     pub fn summary(&self, what: &str) -> u64 {
         let line = self
             .stderr
@@ -429,7 +430,7 @@ impl Run {
             })
             .unwrap_or_else(|| panic!("no summary line in {:?}", self.stderr));
         let words: Vec<&str> = line
-            .split([',', ' ', ':', ';'])
+            .split([',', ' ', ':', ';', '(', ')'])
             .filter(|w| !w.is_empty())
             .collect();
         let at = words
