@@ -411,11 +411,12 @@ struct rprof_sample_header {
 	__u32 gc_state;	    /* enum rprof_gc_state: the collection this thread runs */
 	/* wall, blocked on a socket: an IP socket's peer, or for a listening one
 	 * (RPROF_WALL_OBJECT_LISTENING) the port it listens on; a Unix socket's
-	 * inode; family 0: none */
+	 * path; family 0: none */
 	__u16 peer_family; /* AF_INET, AF_INET6, AF_UNIX */
-	__u16 peer_port;   /* host order */
-	/* network order, AF_INET in the first 4; AF_UNIX: the socket's own
-	 * inode (a __u64), not its peer's */
+	/* host order; AF_UNIX: whose path (enum rprof_unix_path) */
+	__u16 peer_port;
+	/* network order, AF_INET in the first 4; AF_UNIX: the FNV-1a hash (a
+	 * __u64) of the path as /proc/net/unix shows it (`@` for a NUL) */
 	__u8 peer_addr[16];
 	/* alloc: the class of the object allocated (0: a hidden object), and
 	 * its type (enum ruby_value_type) */
@@ -481,6 +482,14 @@ struct rprof_wall_slot {
 #define RPROF_WALL_WALKS_PER_S 2000
 #define RPROF_WALL_WINDOW_NS   100000000
 #define RPROF_WALL_ALWAYS      65536 /* a chance of 1, in 1/65536ths */
+
+/* wall: whose path names a Unix socket (header's peer_port) */
+enum rprof_unix_path {
+	RPROF_UNIX_PATH_NONE = 0,      /* no path: a socketpair, a client of one */
+	RPROF_UNIX_PATH_LISTENING = 1, /* its own, a stream socket listening */
+	RPROF_UNIX_PATH_OWN = 2,       /* its own: accepted on it, or bound to it */
+	RPROF_UNIX_PATH_PEER = 3,      /* its peer's: connected to it */
+};
 
 /* wall: what a blocked system call waits on: the kind of file its file
  * descriptor is (the first argument, or poll's single descriptor). Read

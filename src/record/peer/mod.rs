@@ -2,10 +2,14 @@
 //! of a connected IP socket (`(socket 10.0.0.7:5432)`: which database or
 //! service a request waits for), the port a listening socket listens on or
 //! a connection was accepted on, or a Unix socket (by the path it listens
-//! or was accepted on). BPF fills the header's peer fields for the waits it
-//! walks; for a stack read in userspace they come from /proc/PID/net, by the
-//! socket's inode. What only the namespace's tables tell (which ports and
-//! paths are listened on) is looked up as records are named (`Namespaces`).
+//! on, was accepted on or is bound to, else the path of the socket it is
+//! connected to). BPF fills the header's peer fields for the waits it
+//! walks; for a stack read in userspace they come from /proc/PID/net and
+//! sock_diag (`diag`), by the socket's inode. What only the namespace's
+//! tables tell (which ports and paths are listened on, a path's text) is
+//! looked up as records are named (`Namespaces`).
+
+mod diag;
 
 use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -14,6 +18,7 @@ use std::os::unix::fs::MetadataExt;
 use crate::bpf::types;
 use crate::processes::ProcessId;
 
+use types::rprof_unix_path as U;
 use types::rprof_wall_object as O;
 
 /// `AF_*` as the kernel numbers them.
@@ -35,6 +40,10 @@ pub enum Known {
     UnixListening(String),
     /// A Unix connection accepted on this path.
     UnixAccepted(String),
+    /// A Unix socket bound to this path, which is not listened on.
+    UnixBound(String),
+    /// A Unix socket connected to one with this path.
+    UnixConnected(String),
 }
 
 /// What a wait's object is called in its state frame (` (socket ...)`,
@@ -46,6 +55,8 @@ pub fn label(h: &types::rprof_sample_header, known: &Known) -> String {
             (Known::AcceptedOnPort, _) => format!(" (socket accepted on port {})", h.local_port),
             (Known::UnixListening(path), _) => format!(" (unix socket listening on {path})"),
             (Known::UnixAccepted(path), _) => format!(" (unix socket accepted on {path})"),
+            (Known::UnixBound(path), _) => format!(" (unix socket bound to {path})"),
+            (Known::UnixConnected(path), _) => format!(" (unix socket connected to {path})"),
             (_, Some(addr)) => format!(" (socket {addr})"),
             _ if h.peer_family == AF_UNIX => " (unix socket)".to_string(),
             _ => " (socket)".to_string(),
@@ -86,11 +97,14 @@ fn peer_of(h: &types::rprof_sample_header) -> Option<SocketAddr> {
 pub struct Sockets(HashMap<u32, Table>);
 
 /// One process's sockets by inode: IP ones (their row, family, and whether
-/// it is TCP), and Unix ones.
+/// it is TCP), and Unix ones (their path, or nothing, and whether they
+/// listen), with the peer of each connected one.
 #[derive(Default)]
 struct Table {
     ip: HashMap<u64, (Row, u16, bool)>,
-    unix: HashSet<u64>,
+    unix: HashMap<u64, (String, bool)>,
+    /// Read when first needed (a client's end, which has no path).
+    unix_peers: Option<HashMap<u64, u64>>,
 }
 
 impl Sockets {
@@ -110,9 +124,26 @@ impl Sockets {
                 h.local_port = row.local_port;
             }
             h.peer_addr = row.remote;
-        } else if table.unix.contains(&inode) {
+        } else if let Some((path, listening)) = table.unix.get(&inode) {
+            // As BPF's `unix_path`: its own path, else its peer's.
             h.peer_family = AF_UNIX;
-            h.peer_addr[..8].copy_from_slice(&inode.to_ne_bytes());
+            let (whose, path) = match (path.is_empty(), *listening) {
+                (false, true) => (U::RPROF_UNIX_PATH_LISTENING, path),
+                (false, false) => (U::RPROF_UNIX_PATH_OWN, path),
+                // Without sock_diag (no CAP_SYS_ADMIN for another
+                // namespace), a client's end is only `(unix socket)`.
+                (true, _) => match table
+                    .unix_peers
+                    .get_or_insert_with(|| diag::unix_peers(pid).unwrap_or_default())
+                    .get(&inode)
+                    .and_then(|p| table.unix.get(p))
+                {
+                    Some((path, _)) if !path.is_empty() => (U::RPROF_UNIX_PATH_PEER, path),
+                    _ => return O::RPROF_WALL_OBJECT_SOCKET.0,
+                },
+            };
+            h.peer_port = whose.0 as u16;
+            h.peer_addr[..8].copy_from_slice(&path_hash(path).to_ne_bytes());
         }
         O::RPROF_WALL_OBJECT_SOCKET.0
     }
@@ -131,7 +162,7 @@ impl Table {
                 table.ip.insert(row.inode, (row, family, name.starts_with("tcp")));
             }
         }
-        table.unix = unix_rows(pid).into_iter().map(|(inode, _)| inode).collect();
+        table.unix = unix_rows(pid).into_iter().collect();
         table
     }
 }
@@ -154,11 +185,14 @@ pub struct Namespaces {
 struct Listeners {
     ports: HashSet<u16>,
     not: HashSet<u16>,
-    /// Unix sockets by inode: the path each is bound to (or has from the
-    /// listener it was accepted from; empty if none), and whether it listens.
-    unix: HashMap<u64, (String, bool)>,
-    /// The paths Unix sockets listen on.
-    unix_paths: HashSet<String>,
+    /// Unix sockets' paths by their hash (`path_hash`): all a record
+    /// carries, so that a connection accepted after the tables were read
+    /// is named by its listener's path, read before.
+    unix: HashMap<u64, String>,
+    /// The hashes of the paths Unix sockets listen on.
+    unix_listened: HashSet<u64>,
+    /// Hashes not found when the tables were read for them.
+    unix_not: HashSet<u64>,
     /// The epoch the tables were last read in.
     read_in: Option<u64>,
 }
@@ -175,9 +209,8 @@ impl Namespaces {
         if O(h.wall_object) != O::RPROF_WALL_OBJECT_SOCKET {
             return Known::Nothing;
         }
-        let inode = u64::from_ne_bytes(h.peer_addr[..8].try_into().unwrap_or_default());
         let tcp = matches!(h.peer_family, AF_INET | AF_INET6) && h.local_port != 0;
-        let unix = h.peer_family == AF_UNIX && inode != 0;
+        let unix = h.peer_family == AF_UNIX && h.peer_port != U::RPROF_UNIX_PATH_NONE.0 as u16;
         if !tcp && !unix {
             return Known::Nothing;
         }
@@ -187,7 +220,8 @@ impl Namespaces {
         if tcp {
             return t.tcp(h.local_port, id.pid, epoch);
         }
-        t.unix(inode, id.pid, epoch)
+        let hash = u64::from_ne_bytes(h.peer_addr[..8].try_into().unwrap_or_default());
+        t.unix(hash, U(u32::from(h.peer_port)), id.pid, epoch)
     }
 
     fn tables_of(&mut self, id: ProcessId, epoch: u64) -> Option<&mut Listeners> {
@@ -202,6 +236,7 @@ impl Namespaces {
         let t = self.tables.entry(namespace).or_default();
         if t.read_in.is_none_or(|at| epoch >= at + KEEP_EPOCHS) {
             t.not.clear();
+            t.unix_not.clear();
         }
         Some(t)
     }
@@ -232,22 +267,36 @@ impl Listeners {
         }
     }
 
-    fn unix(&mut self, inode: u64, pid: u32, epoch: u64) -> Known {
-        if !self.unix.contains_key(&inode) {
-            self.read(pid, epoch);
+    /// The path `hash` names, `whose` (`unix_path` in BPF). A path not seen
+    /// yet has the tables read for it, once: the paths are few (one per
+    /// listener), unlike the connections.
+    fn unix(&mut self, hash: u64, whose: U, pid: u32, epoch: u64) -> Known {
+        if !self.unix.contains_key(&hash) && !self.unix_not.contains(&hash) {
+            self.read_now(pid, epoch);
+            if !self.unix.contains_key(&hash) {
+                self.unix_not.insert(hash);
+            }
         }
-        match self.unix.get(&inode) {
-            Some((path, true)) if !path.is_empty() => Known::UnixListening(path.clone()),
-            Some((path, false)) if self.unix_paths.contains(path) => Known::UnixAccepted(path.clone()),
+        let Some(path) = self.unix.get(&hash).cloned() else {
+            return Known::Nothing;
+        };
+        match whose {
+            U::RPROF_UNIX_PATH_LISTENING => Known::UnixListening(path),
+            U::RPROF_UNIX_PATH_OWN if self.unix_listened.contains(&hash) => Known::UnixAccepted(path),
+            U::RPROF_UNIX_PATH_OWN => Known::UnixBound(path),
+            U::RPROF_UNIX_PATH_PEER => Known::UnixConnected(path),
             _ => Known::Nothing,
         }
     }
 
     /// Reads the tables again unless they were read this epoch.
     fn read(&mut self, pid: u32, epoch: u64) {
-        if self.read_in == Some(epoch) {
-            return;
+        if self.read_in != Some(epoch) {
+            self.read_now(pid, epoch);
         }
+    }
+
+    fn read_now(&mut self, pid: u32, epoch: u64) {
         self.read_in = Some(epoch);
         self.ports = ["tcp", "tcp6"]
             .into_iter()
@@ -255,14 +304,28 @@ impl Listeners {
             .filter(|row| row.state == TCP_LISTEN)
             .map(|row| row.local_port)
             .collect();
-        self.unix = unix_rows(pid).into_iter().collect();
-        self.unix_paths = self
-            .unix
-            .values()
-            .filter(|(path, listening)| *listening && !path.is_empty())
-            .map(|(path, _)| path.clone())
-            .collect();
+        // Anew, not added to: a host's abstract sockets come and go.
+        self.unix.clear();
+        self.unix_listened.clear();
+        for (_, (path, listening)) in unix_rows(pid) {
+            if path.is_empty() {
+                continue;
+            }
+            let hash = path_hash(&path);
+            if listening {
+                self.unix_listened.insert(hash);
+            }
+            self.unix.insert(hash, path);
+        }
     }
+}
+
+/// The FNV-1a hash of a Unix socket's path as /proc/net/unix shows it, as
+/// BPF's `unix_path_hash` makes it.
+fn path_hash(path: &str) -> u64 {
+    path.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
 }
 
 /// The rows of /proc/PID/net/NAME (tcp, tcp6, udp, udp6); none if it
@@ -381,7 +444,20 @@ mod tests {
             label(&h, &Known::UnixAccepted(path.clone())),
             " (unix socket accepted on /run/puma.sock)"
         );
+        assert_eq!(
+            label(&h, &Known::UnixConnected(path.clone())),
+            " (unix socket connected to /run/puma.sock)"
+        );
         h.wall_object = O::RPROF_WALL_OBJECT_PIPE.0;
         assert_eq!(label(&h, &Known::UnixListening(path)), " (pipe)");
+    }
+
+    /// FNV-1a, 64 bits, as BPF's `unix_path_hash` (the function's published
+    /// test values).
+    #[test]
+    fn path_hashes() {
+        assert_eq!(path_hash(""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(path_hash("a"), 0xaf63_dc4c_8601_ec8c);
+        assert_eq!(path_hash("foobar"), 0x8594_4171_f739_67e8);
     }
 }
