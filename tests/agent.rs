@@ -464,14 +464,14 @@ fn nothing_pushed_to_a_server_its_roots_do_not_trust() {
     let (_, chain, key) = certificates(dir.path());
     let server = Receiver::start_tls(&chain, &key);
     let _ruby = spinner(&Ruby::host(), &[], None);
-    let agent = Agent::start(&server.url(), &[], &[]);
+    // It keeps trying for 10 s at the end (LAST_PUSH_WAIT), as for a
+    // server that is down: here 1 s.
+    let agent = Agent::start(&server.url(), &[], &[("RPROF_LAST_PUSH_WAIT_MS", "1000")]);
     let deadline = Instant::now() + Duration::from_secs(30);
     while server.handshake_failures().is_empty() {
         assert!(Instant::now() < deadline, "no TLS handshake in 30 s");
         std::thread::sleep(Duration::from_millis(100));
     }
-    // It keeps trying for 10 s at the end (LAST_PUSH_WAIT), as for a
-    // server that is down.
     let said = agent.stop();
     assert!(server.pushes().is_empty(), "{:#?}", server.pushes());
     assert!(

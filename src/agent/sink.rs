@@ -218,7 +218,13 @@ impl EpochSink for Pusher {
 
     fn finish(&mut self, totals: &Summary) {
         self.flush(totals.duration_ns);
-        self.sender.close(LAST_PUSH_WAIT);
+        // RPROF_LAST_PUSH_WAIT_MS: a shorter wait (the tests of a server
+        // that refuses every push).
+        let wait = std::env::var("RPROF_LAST_PUSH_WAIT_MS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .map_or(LAST_PUSH_WAIT, Duration::from_millis);
+        self.sender.close(wait);
         self.log(totals, &Progress::new(true));
     }
 }
