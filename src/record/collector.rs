@@ -63,8 +63,8 @@ pub struct Collector {
     /// `wall`: time of waits not walked, by kind, to share out as the epoch
     /// closes, with the epochs it has waited for a walked stack of its kind.
     wall_pending: Vec<(WallKind, u64, u32)>,
-    /// `wall`: what sockets' namespaces listen on.
-    namespaces: peer::Namespaces,
+    /// `wall`: what the sockets and files waited on are called.
+    names: peer::Names,
     /// A record came since `take_urgent` that must be read soon: one with
     /// young code rprof had to read (a minor GC may free it, and more
     /// records of it may come), or a process's change.
@@ -91,7 +91,7 @@ impl Collector {
             native: None,
             named_ruby: HashMap::new(),
             wall_pending: Vec::new(),
-            namespaces: peer::Namespaces::default(),
+            names: peer::Names::default(),
             urgent: false,
         }
     }
@@ -432,7 +432,7 @@ impl Collector {
         let comm: Vec<u8> = h.comm.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
         let comm = String::from_utf8_lossy(&comm).into_owned();
         let process = self.process_info(f);
-        let known = self.namespaces.look_up(f.id, h, self.generation);
+        let known = self.names.look_up(f.id, h, self.generation);
         let mut stack = Vec::with_capacity(s.frames.len() + 4);
         let native_thread = |process| ThreadEntry {
             process,
@@ -631,12 +631,12 @@ impl Collector {
         self.generation += 1;
         // Processes that ended are described no more, here or in a file.
         let mut ended = Vec::new();
-        let namespaces = &mut self.namespaces;
+        let names = &mut self.names;
         self.process_info.retain(|id, info| {
             let alive = processes.get(id.pid, id.start_ticks).is_some();
             if !alive {
                 ended.push(info.clone());
-                namespaces.forget(id);
+                names.forget(id);
             }
             alive
         });

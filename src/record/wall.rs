@@ -335,8 +335,10 @@ fn object_now(
     } else if kind.is_fifo() {
         O::RPROF_WALL_OBJECT_PIPE.0
     } else if kind.is_file() {
+        peer::set_file_identity(h, meta.dev(), meta.ino(), fd);
         O::RPROF_WALL_OBJECT_FILE.0
     } else if kind.is_char_device() {
+        peer::set_file_identity(h, meta.dev(), meta.ino(), fd);
         O::RPROF_WALL_OBJECT_DEVICE.0
     } else {
         O::RPROF_WALL_OBJECT_NONE.0

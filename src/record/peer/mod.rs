@@ -10,6 +10,9 @@
 //! looked up as records are named (`Namespaces`).
 
 mod diag;
+mod files;
+
+pub use files::set_identity as set_file_identity;
 
 use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -44,6 +47,8 @@ pub enum Known {
     UnixBound(String),
     /// A Unix socket connected to one with this path.
     UnixConnected(String),
+    /// A file or device at this path.
+    File(String),
 }
 
 /// What a wait's object is called in its state frame (` (socket ...)`,
@@ -63,8 +68,17 @@ pub fn label(h: &types::rprof_sample_header, known: &Known) -> String {
         },
         O::RPROF_WALL_OBJECT_LISTENING => format!(" (socket listening on port {})", h.peer_port),
         O::RPROF_WALL_OBJECT_PIPE => " (pipe)".to_string(),
-        O::RPROF_WALL_OBJECT_FILE => " (file)".to_string(),
-        O::RPROF_WALL_OBJECT_DEVICE => " (device)".to_string(),
+        O::RPROF_WALL_OBJECT_FILE | O::RPROF_WALL_OBJECT_DEVICE => {
+            let kind = if O(h.wall_object) == O::RPROF_WALL_OBJECT_FILE {
+                "file"
+            } else {
+                "device"
+            };
+            match known {
+                Known::File(path) => format!(" ({kind} {path})"),
+                _ => format!(" ({kind})"),
+            }
+        }
         _ => String::new(),
     }
 }
@@ -167,6 +181,32 @@ impl Table {
     }
 }
 
+/// What the sockets and files of records are called, found as records are
+/// named: their namespaces' tables (`Namespaces`), the files' paths
+/// (`files::Files`).
+#[derive(Default)]
+pub struct Names {
+    namespaces: Namespaces,
+    files: files::Files,
+}
+
+impl Names {
+    /// What the socket or file a wait of process `id`, `h`, is on is called.
+    pub fn look_up(&mut self, id: ProcessId, h: &types::rprof_sample_header, epoch: u64) -> Known {
+        match O(h.wall_object) {
+            O::RPROF_WALL_OBJECT_SOCKET => self.namespaces.look_up(id, h, epoch),
+            O::RPROF_WALL_OBJECT_FILE | O::RPROF_WALL_OBJECT_DEVICE => self.files.look_up(id, h),
+            _ => Known::Nothing,
+        }
+    }
+
+    /// Forgets a process that ended.
+    pub fn forget(&mut self, id: &ProcessId) {
+        self.namespaces.forget(id);
+        self.files.forget(id);
+    }
+}
+
 /// What each network namespace of the followed processes listens on: a
 /// connected socket whose own port (TCP) or path (Unix) is listened on was
 /// accepted there. Read from /proc/PID/net/{tcp,tcp6,unix} when a socket is
@@ -175,7 +215,7 @@ impl Table {
 /// the recording loop); a TCP port found not listened on is trusted for
 /// `KEEP_EPOCHS` (a port in use by a connection cannot be listened on).
 #[derive(Default)]
-pub struct Namespaces {
+struct Namespaces {
     tables: HashMap<u64, Listeners>,
     /// Each process's namespace (the inode of /proc/PID/ns/net).
     namespace: HashMap<ProcessId, u64>,
@@ -205,10 +245,7 @@ const SO_ACCEPTCON: u32 = 0x10000;
 
 impl Namespaces {
     /// What process `id`'s namespace says of the socket a wait of `h` is on.
-    pub fn look_up(&mut self, id: ProcessId, h: &types::rprof_sample_header, epoch: u64) -> Known {
-        if O(h.wall_object) != O::RPROF_WALL_OBJECT_SOCKET {
-            return Known::Nothing;
-        }
+    fn look_up(&mut self, id: ProcessId, h: &types::rprof_sample_header, epoch: u64) -> Known {
         let tcp = matches!(h.peer_family, AF_INET | AF_INET6) && h.local_port != 0;
         let unix = h.peer_family == AF_UNIX && h.peer_port != U::RPROF_UNIX_PATH_NONE.0 as u16;
         if !tcp && !unix {
@@ -243,7 +280,7 @@ impl Namespaces {
 
     /// Forgets a process that ended, and its namespace if it was the last
     /// followed in it.
-    pub fn forget(&mut self, id: &ProcessId) {
+    fn forget(&mut self, id: &ProcessId) {
         if let Some(ns) = self.namespace.remove(id) {
             if !self.namespace.values().any(|n| *n == ns) {
                 self.tables.remove(&ns);

@@ -1,0 +1,54 @@
+# Two threads wait on a file and on a device: `flocker` for a lock file's
+# lock, which the main thread holds (flock), and `ttyreader` for a
+# terminal nobody types into (a pty's other end). Each waits once, for
+# ever, in a method named for it. With `parked` they start at once, before
+# rprof looks; else on SIGUSR1, so that their waits begin while rprof
+# records, and a line "started" gives their thread ids. The ready line
+# gives the lock file's and the terminal's paths (the tests remove the lock
+# file).
+require "pty"
+require "tmpdir"
+
+def wait_flock(f)
+  f.flock(File::LOCK_EX)
+end
+
+def read_tty(io)
+  io.read(1)
+end
+
+lock_path = File.join(Dir.tmpdir, "rprof-file-waits-#{Process.pid}.lock")
+holder = File.open(lock_path, File::RDWR | File::CREAT)
+holder.flock(File::LOCK_EX)
+waiter = File.open(lock_path, File::RDWR)
+_master, tty = PTY.open
+
+start = lambda do
+  started = Queue.new
+  {
+    "flocker" => -> { wait_flock(waiter) },
+    "ttyreader" => -> { read_tty(tty) }
+  }.each do |name, wait|
+    Thread.new do
+      Thread.current.name = name
+      started << "#{name}=#{Thread.current.native_thread_id}"
+      wait.call
+    end
+  end
+  [started.pop, started.pop].join(" ")
+end
+
+paths = "lock_path=#{lock_path} tty_path=#{tty.path}"
+if ARGV[0] == "parked"
+  $stdout.puts "ready #{start.call} #{paths}"
+  $stdout.flush
+else
+  go = false
+  trap("USR1") { go = true }
+  $stdout.puts "ready #{paths}"
+  $stdout.flush
+  sleep 0.005 until go
+  $stdout.puts "started #{start.call}"
+  $stdout.flush
+end
+sleep
