@@ -7,7 +7,8 @@
 //! walks; for a stack read in userspace they come from /proc/PID/net and
 //! sock_diag (`diag`), by the socket's inode. What only the namespace's
 //! tables tell (which ports and paths are listened on, a path's text) is
-//! looked up as records are named (`Namespaces`).
+//! looked up as records are named (`Namespaces`); so is the path of a file
+//! or device a call waits on (`files`).
 
 mod diag;
 mod files;
