@@ -1479,7 +1479,10 @@ static __always_inline __u32 object_of(struct task_struct *task, __s32 syscall, 
 	if (!file)
 		return RPROF_WALL_OBJECT_NONE;
 	mode = BPF_CORE_READ(file, f_inode, i_mode) & S_IFMT;
-	if (mode == S_IFREG || mode == S_IFCHR)
+	/* A file, device or pipe: what names it (whatever else is not a socket
+	 * gets it too, named by nothing). One condition, not three: with
+	 * three, on_switch took 95,000 more instructions to verify. */
+	if (mode != S_IFSOCK)
 		file_identity((__u64)file, fd, r);
 	switch (mode) {
 	case S_IFSOCK:

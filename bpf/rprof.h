@@ -416,8 +416,8 @@ struct rprof_sample_header {
 	/* host order; AF_UNIX: whose path (enum rprof_unix_path) */
 	__u16 peer_port;
 	/* network order, AF_INET in the first 4; AF_UNIX: the FNV-1a hash (a
-	 * __u64) of the path as /proc/net/unix shows it (`@` for a NUL); a file
-	 * or device (family 0): its inode (__u64), its file system's device
+	 * __u64) of the path as /proc/net/unix shows it (`@` for a NUL); a file,
+	 * device or pipe (family 0): its inode (__u64), its file system's device
 	 * (__u32, the kernel's dev_t) and the descriptor (__u32) */
 	__u8 peer_addr[16];
 	/* alloc: the class of the object allocated (0: a hidden object), and

@@ -30,7 +30,7 @@
 set -uo pipefail
 cargo=${CARGO:-cargo}
 lane_a="frames install layouts diff syscall browser top launch errors rprof
-        wall:unix_socket wall:file_and_device"
+        wall:unix_socket wall:file_device_and_pipe"
 alone="agent processes:every_ruby_on_the_host_now_and_as_they_start gc servers
        frames:code_churn_never_mislabels recordings:memory_stays_flat_under_code_churn
        wall:short_waits"

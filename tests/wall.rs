@@ -560,10 +560,11 @@ fn assert_unix_waits_named(run: &common::Run, target: &Target) {
     }
 }
 
-/// Waits on a lock file (`flock`) and on a terminal, begun while rprof
-/// records (walked in BPF): each named by the path its descriptor has.
+/// Waits on a lock file (`flock`), a terminal and a child's output, begun
+/// while rprof records (walked in BPF): each named by the path its
+/// descriptor has, the pipe by the child at its other end.
 #[test]
-fn file_and_device_waits_walked_as_they_begin() {
+fn file_device_and_pipe_waits_walked_as_they_begin() {
     let mut target = Ruby::host().spawn("file_waits.rb", &[]);
     let _lock = Removed(target.get("lock_path").into());
     let rprof = common::attach(target.pid, &["-d", "2", "wall"]);
@@ -587,11 +588,16 @@ fn file_and_device_waits_walked_as_they_begin() {
 /// The same waits under way before rprof looks: stack and descriptor read
 /// from userspace.
 #[test]
-fn file_and_device_waits_under_way() {
+fn file_device_and_pipe_waits_under_way() {
     let target = Ruby::host().spawn("file_waits.rb", &["parked"]);
     let _lock = Removed(target.get("lock_path").into());
-    // flock (73) and the terminal's poll (271) or read (0).
-    wait_in_call(&target, &["flocker", "ttyreader"], &[73, 271, 0]);
+    // flock (73) and the terminal's and pipe's ppoll (271), poll (7) or
+    // read (0).
+    wait_in_call(
+        &target,
+        &["flocker", "ttyreader", "popenreader"],
+        &[73, 271, 7, 0],
+    );
     let run = record(target.pid, &["-d", "2", "wall"]);
     assert!(run.success, "{}", run.stderr);
     assert_file_waits_named(&run, &target, |name| target.get(name).to_string(), 1_900_000);
@@ -627,11 +633,12 @@ impl Drop for Removed {
     }
 }
 
-/// file_waits.rb's two threads (their ids by `tid`) blocked at least
-/// `at_least` us, every wait named by its path, under its method.
+/// file_waits.rb's three threads (their ids by `tid`) blocked at least
+/// `at_least` us, every wait named by its object, under its method.
 fn assert_file_waits_named(run: &common::Run, target: &Target, tid: impl Fn(&str) -> String, at_least: u64) {
     let lock = target.get("lock_path");
     let tty = target.get("tty_path");
+    let child = target.get("child_pid");
     for (name, method, calls, object) in [
         (
             "flocker",
@@ -642,8 +649,14 @@ fn assert_file_waits_named(run: &common::Run, target: &Target, tid: impl Fn(&str
         (
             "ttyreader",
             "Object#read_tty",
-            &["ppoll", "read"][..],
+            &["ppoll", "poll", "read"][..],
             format!("device {tty}"),
+        ),
+        (
+            "popenreader",
+            "Object#read_child",
+            &["ppoll", "poll", "read"][..],
+            format!("pipe with cat [{child}]"),
         ),
     ] {
         let f = run.folded.of_thread(&tid(name));

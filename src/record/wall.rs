@@ -333,6 +333,7 @@ fn object_now(
     if kind.is_socket() {
         sockets.describe(t.pid, meta.ino(), h)
     } else if kind.is_fifo() {
+        peer::set_file_identity(h, meta.dev(), meta.ino(), fd);
         O::RPROF_WALL_OBJECT_PIPE.0
     } else if kind.is_file() {
         peer::set_file_identity(h, meta.dev(), meta.ino(), fd);

@@ -1,11 +1,13 @@
-# Two threads wait on a file and on a device: `flocker` for a lock file's
-# lock, which the main thread holds (flock), and `ttyreader` for a
-# terminal nobody types into (a pty's other end). Each waits once, for
+# Three threads wait on a file, a device and a pipe: `flocker` for a lock
+# file's lock, which the main thread holds (flock), `ttyreader` for a
+# terminal nobody types into (a pty's other end), and `popenreader` for
+# the output of a child (`cat`, given no input: it ends with this
+# program, when its input closes). Each waits once, for
 # ever, in a method named for it. With `parked` they start at once, before
 # rprof looks; else on SIGUSR1, so that their waits begin while rprof
 # records, and a line "started" gives their thread ids. The ready line
 # gives the lock file's and the terminal's paths (the tests remove the lock
-# file).
+# file) and the child's PID.
 require "pty"
 require "tmpdir"
 
@@ -17,17 +19,23 @@ def read_tty(io)
   io.read(1)
 end
 
+def read_child(io)
+  io.read(1)
+end
+
 lock_path = File.join(Dir.tmpdir, "rprof-file-waits-#{Process.pid}.lock")
 holder = File.open(lock_path, File::RDWR | File::CREAT)
 holder.flock(File::LOCK_EX)
 waiter = File.open(lock_path, File::RDWR)
 _master, tty = PTY.open
+child = IO.popen(["cat"], "r+")
 
 start = lambda do
   started = Queue.new
   {
     "flocker" => -> { wait_flock(waiter) },
-    "ttyreader" => -> { read_tty(tty) }
+    "ttyreader" => -> { read_tty(tty) },
+    "popenreader" => -> { read_child(child) }
   }.each do |name, wait|
     Thread.new do
       Thread.current.name = name
@@ -35,10 +43,10 @@ start = lambda do
       wait.call
     end
   end
-  [started.pop, started.pop].join(" ")
+  3.times.map { started.pop }.join(" ")
 end
 
-paths = "lock_path=#{lock_path} tty_path=#{tty.path}"
+paths = "lock_path=#{lock_path} tty_path=#{tty.path} child_pid=#{child.pid}"
 if ARGV[0] == "parked"
   $stdout.puts "ready #{start.call} #{paths}"
   $stdout.flush

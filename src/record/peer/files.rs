@@ -2,7 +2,9 @@
 //! file the page cache does not hold, `fsync` of a log): BPF, or the sweep
 //! for a stack it reads, gives the file's inode, its file system's device
 //! and the descriptor; its path is that descriptor's link in /proc/PID/fd,
-//! taken only while the descriptor still names the same file.
+//! taken only while the descriptor still names the same file. A pipe has
+//! no path: it is named by the one other process that holds it, among the
+//! process's parent and the processes it started (`IO.popen`, Open3).
 
 use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt;
@@ -12,9 +14,16 @@ use crate::processes::ProcessId;
 
 use super::Known;
 
-/// Paths a process's files were found at, by (device, inode).
+/// Paths a process's files were found at, by (device, inode); what its
+/// pipes were found to be, by inode.
 #[derive(Default)]
-pub struct Files(HashMap<(ProcessId, u32, u64), String>);
+pub struct Files {
+    paths: HashMap<(ProcessId, u32, u64), String>,
+    pipes: HashMap<(ProcessId, u64), Known>,
+}
+
+/// Processes searched for a pipe's other end at most.
+const MAX_KIN: usize = 256;
 
 /// Files remembered at most, for all processes: a server that sends many
 /// files starts again rather than grow.
@@ -27,7 +36,7 @@ impl Files {
         if inode == 0 {
             return Known::Nothing;
         }
-        if let Some(path) = self.0.get(&(id, dev, inode)) {
+        if let Some(path) = self.paths.get(&(id, dev, inode)) {
             return Known::File(path.clone());
         }
         let link = format!("/proc/{}/fd/{fd}", id.pid);
@@ -36,17 +45,86 @@ impl Files {
             return Known::Nothing;
         };
         let path = path.to_string_lossy().into_owned();
-        if self.0.len() >= MAX_FILES {
-            self.0.clear();
+        if self.paths.len() >= MAX_FILES {
+            self.paths.clear();
         }
-        self.0.insert((id, dev, inode), path.clone());
+        self.paths.insert((id, dev, inode), path.clone());
         Known::File(path)
+    }
+
+    /// The one other process that holds the pipe a wait of process `id`,
+    /// `h`, is on: its name and PID.
+    pub fn pipe(&mut self, id: ProcessId, h: &types::rprof_sample_header) -> Known {
+        let (inode, _, _) = identity(h);
+        if inode == 0 {
+            return Known::Nothing;
+        }
+        if let Some(known) = self.pipes.get(&(id, inode)) {
+            return known.clone();
+        }
+        let link = format!("pipe:[{inode}]");
+        let holders: Vec<u32> = kin(id.pid).into_iter().filter(|&p| holds(p, &link)).collect();
+        let known = match holders.as_slice() {
+            [p] => Known::PipeWith(format!("{} [{p}]", comm(*p))),
+            _ => Known::Nothing,
+        };
+        if self.pipes.len() >= MAX_FILES {
+            self.pipes.clear();
+        }
+        self.pipes.insert((id, inode), known.clone());
+        known
     }
 
     /// Forgets a process that ended.
     pub fn forget(&mut self, id: &ProcessId) {
-        self.0.retain(|(p, _, _), _| p != id);
+        self.paths.retain(|(p, _, _), _| p != id);
+        self.pipes.retain(|(p, _), _| p != id);
     }
+}
+
+/// Process `pid`'s parent and the processes it started, theirs and so on
+/// (at most `MAX_KIN`).
+fn kin(pid: u32) -> Vec<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // "PID (COMM) STATE PPID ...": COMM may hold spaces and parentheses.
+    let parent = stat
+        .rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+        .and_then(|p| p.parse().ok());
+    let mut found: Vec<u32> = parent.into_iter().collect();
+    let mut next = vec![pid];
+    while let Some(p) = next.pop() {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{p}/task")) else {
+            continue;
+        };
+        for task in tasks.flatten() {
+            let children = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+            for child in children.split_whitespace().filter_map(|c| c.parse().ok()) {
+                if found.len() >= MAX_KIN {
+                    return found;
+                }
+                found.push(child);
+                next.push(child);
+            }
+        }
+    }
+    found
+}
+
+/// Whether process `pid` has a descriptor whose link is `link`.
+fn holds(pid: u32, link: &str) -> bool {
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return false;
+    };
+    fds.flatten()
+        .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|l| l.as_os_str() == link))
+}
+
+/// Process `pid`'s name, as the kernel keeps it.
+fn comm(pid: u32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .map(|c| c.trim_end().to_string())
+        .unwrap_or_else(|_| "?".to_string())
 }
 
 /// A file's identity into `h` as BPF's `file_identity` puts it, from the

@@ -50,6 +50,8 @@ pub enum Known {
     UnixConnected(String),
     /// A file or device at this path.
     File(String),
+    /// A pipe whose other end this process holds ("NAME [PID]").
+    PipeWith(String),
 }
 
 /// What a wait's object is called in its state frame (` (socket ...)`,
@@ -68,7 +70,10 @@ pub fn label(h: &types::rprof_sample_header, known: &Known) -> String {
             _ => " (socket)".to_string(),
         },
         O::RPROF_WALL_OBJECT_LISTENING => format!(" (socket listening on port {})", h.peer_port),
-        O::RPROF_WALL_OBJECT_PIPE => " (pipe)".to_string(),
+        O::RPROF_WALL_OBJECT_PIPE => match known {
+            Known::PipeWith(process) => format!(" (pipe with {process})"),
+            _ => " (pipe)".to_string(),
+        },
         O::RPROF_WALL_OBJECT_FILE | O::RPROF_WALL_OBJECT_DEVICE => {
             let kind = if O(h.wall_object) == O::RPROF_WALL_OBJECT_FILE {
                 "file"
@@ -197,6 +202,7 @@ impl Names {
         match O(h.wall_object) {
             O::RPROF_WALL_OBJECT_SOCKET => self.namespaces.look_up(id, h, epoch),
             O::RPROF_WALL_OBJECT_FILE | O::RPROF_WALL_OBJECT_DEVICE => self.files.look_up(id, h),
+            O::RPROF_WALL_OBJECT_PIPE => self.files.pipe(id, h),
             _ => Known::Nothing,
         }
     }
