@@ -74,39 +74,34 @@ run_suite() {
     (cd "$dir" && "$exe" --test-threads=1 "$@") 2>&1
 }
 
+# Whether the suite $name goes in lane $1 by the entries $2 (SUITE, or
+# SUITE:FILTER for those tests only, which the suite's other lanes skip):
+# sets `want` and adds to `args`, run_lane's.
+place() {
+    local target=$1 entry
+    for entry in $2; do
+        if [ "$entry" = "$name" ]; then
+            want=$target
+        elif [ "${entry%%:*}" = "$name" ]; then
+            if [ "$lane" = "$target" ]; then
+                want=$target
+                args+=("${entry#*:}")
+            else
+                args+=(--skip "${entry#*:}")
+            fi
+        fi
+    done
+}
+
 # Runs the suites of lane $1 (a, b or alone) in order; the log holds their
 # output, the status file a line per failed suite.
 run_lane() {
-    local lane=$1 name kind src dir exe want entry args
+    local lane=$1 name kind src dir exe want args
     while IFS=$'\t' read -r name kind src dir exe; do
         want=b
         args=()
-        for entry in $lane_a; do
-            if [ "$entry" = "$name" ]; then
-                want=a
-            elif [ "${entry%%:*}" = "$name" ]; then
-                # Those tests in lane A, the rest in lane B.
-                if [ "$lane" = a ]; then
-                    want=a
-                    args+=("${entry#*:}")
-                else
-                    args+=(--skip "${entry#*:}")
-                fi
-            fi
-        done
-        for entry in $alone; do
-            if [ "$entry" = "$name" ]; then
-                want=alone
-            elif [ "${entry%%:*}" = "$name" ]; then
-                # Those tests alone, the rest in the suite's lane.
-                if [ "$lane" = alone ]; then
-                    want=alone
-                    args+=("${entry#*:}")
-                else
-                    args+=(--skip "${entry#*:}")
-                fi
-            fi
-        done
+        place a "$lane_a"
+        place alone "$alone"
         [ "$want" = "$lane" ] || continue
         run_suite "$name" "$kind" "$src" "$dir" "$exe" "${args[@]}" || echo "$name" >>"$logs/failed"
     done <"$logs/binaries"

@@ -77,6 +77,11 @@ impl Process {
         parse_start_ticks(&self.stat()?)
     }
 
+    /// Its parent's PID.
+    pub fn parent(&self) -> Option<u32> {
+        parse_ppid(&self.stat()?)
+    }
+
     /// The CPU time all its threads have used (user and system), in ns, as
     /// /proc/PID/stat counts it: in clock ticks, rounded down.
     pub fn cpu_ns(&self) -> Option<u64> {
@@ -200,6 +205,11 @@ pub fn clock_ticks_per_second() -> u64 {
     unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64
 }
 
+/// Field 4, the parent, follows the state after the command name.
+fn parse_ppid(after_comm: &str) -> Option<u32> {
+    after_comm.split_whitespace().nth(1)?.parse().ok()
+}
+
 fn parse_start_ticks(after_comm: &str) -> Option<u64> {
     after_comm.split_whitespace().nth(19)?.parse().ok()
 }
@@ -225,11 +235,7 @@ pub fn descendants(root: u32) -> Vec<(u32, u32)> {
         let Ok(stat) = fs::read_to_string(format!("/proc/{pid}/stat")) else {
             continue;
         };
-        // Field 4, the parent, follows the state after the command name.
-        let ppid = stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
-            .and_then(|p| p.parse::<u32>().ok());
+        let ppid = stat.rsplit_once(')').and_then(|(_, rest)| parse_ppid(rest));
         if let Some(ppid) = ppid {
             children.entry(ppid).or_default().push(pid);
         }

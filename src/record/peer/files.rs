@@ -10,6 +10,7 @@ use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt;
 
 use crate::bpf::types;
+use crate::process::{self, Process};
 use crate::processes::ProcessId;
 
 use super::Known;
@@ -65,7 +66,10 @@ impl Files {
         let link = format!("pipe:[{inode}]");
         let holders: Vec<u32> = kin(id.pid).into_iter().filter(|&p| holds(p, &link)).collect();
         let known = match holders.as_slice() {
-            [p] => Known::PipeWith(format!("{} [{p}]", comm(*p))),
+            [p] => {
+                let name = Process::open(*p).map_or_else(|_| "?".to_string(), |p| p.exe_name());
+                Known::PipeWith(format!("{name} [{p}]"))
+            }
             _ => Known::Nothing,
         };
         if self.pipes.len() >= MAX_FILES {
@@ -85,30 +89,9 @@ impl Files {
 /// Process `pid`'s parent and the processes it started, theirs and so on
 /// (at most `MAX_KIN`).
 fn kin(pid: u32) -> Vec<u32> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // "PID (COMM) STATE PPID ...": COMM may hold spaces and parentheses.
-    let parent = stat
-        .rsplit_once(')')
-        .and_then(|(_, rest)| rest.split_whitespace().nth(1))
-        .and_then(|p| p.parse().ok());
-    let mut found: Vec<u32> = parent.into_iter().collect();
-    let mut next = vec![pid];
-    while let Some(p) = next.pop() {
-        let Ok(tasks) = std::fs::read_dir(format!("/proc/{p}/task")) else {
-            continue;
-        };
-        for task in tasks.flatten() {
-            let children = std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
-            for child in children.split_whitespace().filter_map(|c| c.parse().ok()) {
-                if found.len() >= MAX_KIN {
-                    return found;
-                }
-                found.push(child);
-                next.push(child);
-            }
-        }
-    }
-    found
+    let parent = Process::open(pid).ok().and_then(|p| p.parent());
+    let descendants = process::descendants(pid).into_iter().map(|(child, _)| child);
+    parent.into_iter().chain(descendants).take(MAX_KIN).collect()
 }
 
 /// Whether process `pid` has a descriptor whose link is `link`.
@@ -118,13 +101,6 @@ fn holds(pid: u32, link: &str) -> bool {
     };
     fds.flatten()
         .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|l| l.as_os_str() == link))
-}
-
-/// Process `pid`'s name, as the kernel keeps it.
-fn comm(pid: u32) -> String {
-    std::fs::read_to_string(format!("/proc/{pid}/comm"))
-        .map(|c| c.trim_end().to_string())
-        .unwrap_or_else(|_| "?".to_string())
 }
 
 /// A file's identity into `h` as BPF's `file_identity` puts it, from the
