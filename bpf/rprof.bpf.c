@@ -65,6 +65,48 @@ struct {
 	__type(value, struct rprof_followed);
 } followed SEC(".maps");
 
+/* A bit per PID that may be in `procs` or `followed`: a clear bit spares
+ * the programs that run for every process on the machine (`wall`'s
+ * switches, traced system calls, CPU samples) their hash lookups and
+ * clock reads, the most of what rprof costs the processes it does not
+ * profile. PID_MAX_LIMIT (4,194,304 on
+ * 64-bit) is RPROF_PID_WORDS words. Bits are never cleared: a reused PID
+ * costs the lookups, as every PID did before. Two maps, one writer each, so
+ * that no bit is lost to a race: userspace rewrites its own words
+ * (pids_user), BPF sets its bits atomically (pids_bpf, on_fork, on_exec). */
+#define PID_MAP                                                                                    \
+	struct {                                                                                   \
+		__uint(type, BPF_MAP_TYPE_ARRAY);                                                  \
+		__uint(max_entries, RPROF_PID_WORDS);                                              \
+		__type(key, __u32);                                                                \
+		__type(value, __u64);                                                              \
+	}
+
+PID_MAP pids_user SEC(".maps");
+PID_MAP pids_bpf SEC(".maps");
+
+/* Whether process `tgid` may be followed (0: it is not). A global
+ * function, the verifier checks once: inlined in the switch program, it
+ * made it 57,000 instructions longer to verify. */
+__noinline int may_follow(__u32 tgid)
+{
+	__u32 word = (tgid >> 6) & (RPROF_PID_WORDS - 1);
+	__u64 bit = 1ULL << (tgid & 63), *u = bpf_map_lookup_elem(&pids_user, &word),
+	      *k = bpf_map_lookup_elem(&pids_bpf, &word);
+
+	return (((u ? *u : 0) | (k ? *k : 0)) & bit) != 0;
+}
+
+/* Marks process `tgid` as maybe followed, before BPF adds it to a map. */
+static __always_inline void mark_pid(__u32 tgid)
+{
+	__u32 word = (tgid >> 6) & (RPROF_PID_WORDS - 1);
+	__u64 *k = bpf_map_lookup_elem(&pids_bpf, &word);
+
+	if (k)
+		__sync_fetch_and_or(k, 1ULL << (tgid & 63));
+}
+
 /* Native thread -> rb_thread_t, for RPROF_EC_THREAD_MAP processes. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -961,6 +1003,26 @@ struct {
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 } wall_tasks SEC(".maps");
 
+/* wall: by thread id modulo RPROF_PID_WORDS, the thread that last opened
+ * a GVL wait with a GC clock to read at its wakeup: on_waking, which runs
+ * at every wakeup on the machine, looks no further for any other. Two such
+ * waits whose thread ids collide at once (65,536 apart) leave the first's
+ * clock to be read as if it were woken from outside its process (the owed
+ * path of wall_in and settle_owed). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, RPROF_PID_WORDS);
+	__type(key, __u32);
+	__type(value, __u32);
+} gvl_waiters SEC(".maps");
+
+static __always_inline __u32 *gvl_waiter_slot(__u32 tid)
+{
+	__u32 slot = tid & (RPROF_PID_WORDS - 1);
+
+	return bpf_map_lookup_elem(&gvl_waiters, &slot);
+}
+
 #define ON_CPU 1ULL
 /* A mark read once: the compare-and-swap must expect the value tested, not
  * one the compiler reloads after another CPU changed it. */
@@ -1598,7 +1660,7 @@ static __always_inline int on_event(void *ctx, __u32 event, const enum event_kin
 	struct task_struct *task;
 	__u64 weight = 1;
 
-	if (stop_ns)
+	if (stop_ns || !may_follow(tgid))
 		return 0;
 	p = bpf_map_lookup_elem(&procs, &tgid);
 	if (!p) {
@@ -1782,6 +1844,7 @@ int BPF_PROG(on_fork, struct task_struct *parent, struct task_struct *child)
 	if (!f || f->start_ticks != pstart)
 		return 0;
 	cf.start_ticks = start_ticks(child);
+	mark_pid(ctgid);
 	bpf_map_update_elem(&followed, &ctgid, &cf, BPF_ANY);
 	p = bpf_map_lookup_elem(&procs, &ptgid);
 	if (p) {
@@ -1815,6 +1878,7 @@ int BPF_PROG(on_exec, struct task_struct *task)
 
 		if (!follow_every_exec)
 			return 0;
+		mark_pid(tgid);
 		if (bpf_map_update_elem(&followed, &tgid, &now, BPF_ANY))
 			return 0;
 	}
@@ -2268,6 +2332,12 @@ static __always_inline struct rprof_wall_task *wall_out(struct task_struct *prev
 	e->exec = prev->se.sum_exec_runtime;
 	e->gc_woke = 0;
 	e->gc_at = state == RPROF_WALL_GVL ? gc_clock_at(p) : 0;
+	if (e->gc_at) {
+		__u32 *waiter = gvl_waiter_slot(tid);
+
+		if (waiter)
+			*waiter = tid;
+	}
 	if (may_walk(e, now, runnable))
 		want_walk(walk, prev, e);
 	return e; /* on CPU still: the caller opens the wait (open_wait) */
@@ -2345,10 +2415,13 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 {
 	struct wall_walk walk = {};
 	struct rprof_wall_task *out;
-	__u64 now = bpf_ktime_get_ns();
+	__u64 now;
 
-	if (stop_ns)
+	/* Most switches on a machine are other processes': not even the clock
+	 * is read for them. */
+	if (stop_ns || !(may_follow(prev->tgid) | may_follow(next->tgid)))
 		return 0;
+	now = bpf_ktime_get_ns();
 	/* Preempted (or yielding), the thread stays ready to run. */
 	out = wall_out(prev, preempt || prev_state == 0, now, &walk);
 	if (kernel_stacks && out && walk.tgid) {
@@ -2377,11 +2450,12 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 SEC("tp_btf/sched_waking")
 int BPF_PROG(on_waking, struct task_struct *task)
 {
-	__u32 tid = task->pid;
+	__u32 tid = task->pid, *waiter = gvl_waiter_slot(tid);
 	struct rprof_wall_task *e;
 	struct rprof_proc *p;
 
-	if (stop_ns || task->tgid != (__u32)(bpf_get_current_pid_tgid() >> 32))
+	if (stop_ns || !waiter || *waiter != tid ||
+	    task->tgid != (__u32)(bpf_get_current_pid_tgid() >> 32))
 		return 0;
 	e = bpf_map_lookup_elem(&wall_tasks, &tid);
 	if (!e || !e->gc_at || e->gc_woke)

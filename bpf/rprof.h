@@ -22,6 +22,8 @@
 #define RPROF_MAX_KERNEL 127
 /* Executable mappings of one address space BPF can unwind through. */
 #define RPROF_MAX_MAPPINGS 512
+/* Words of the maybe-followed PID bitmaps: PID_MAX_LIMIT (4,194,304) / 64. */
+#define RPROF_PID_WORDS 65536
 
 /* How the BPF program finds a thread's current execution context (EC). */
 enum rprof_ec_access {

@@ -343,6 +343,7 @@ impl Probe {
         if self.wall_started {
             recipe.wall_since = monotonic_ns();
         }
+        self.mark_pid(pid)?;
         // SAFETY: rprof_proc is Plain.
         let value = unsafe { plain::as_bytes(&recipe) };
         self.skel
@@ -350,6 +351,22 @@ impl Probe {
             .procs
             .update(&pid.to_ne_bytes(), value, MapFlags::ANY)
             .with_context(|| format!("registering process {pid} with the BPF program"))
+    }
+
+    /// Sets `pid`'s bit in userspace's maybe-followed bitmap (`pids_user`,
+    /// BPF's `may_follow`), before the process goes into `procs` or
+    /// `followed`: BPF looks no further for a PID whose bit is clear. This is
+    /// the map's only writer, so rewriting a word loses no bit.
+    fn mark_pid(&mut self, pid: u32) -> Result<()> {
+        let map = &self.skel.maps.pids_user;
+        let key = ((pid >> 6) & (map.max_entries() - 1)).to_ne_bytes();
+        let word = map
+            .lookup(&key, MapFlags::ANY)
+            .context("reading the followed PIDs' bitmap")?
+            .and_then(|bytes| bytes.try_into().ok())
+            .map_or(0, u64::from_ne_bytes);
+        map.update(&key, &(word | 1 << (pid & 63)).to_ne_bytes(), MapFlags::ANY)
+            .context("marking a followed PID for BPF")
     }
 
     /// Forgets the recipe of the process `pid` that started at `start_ticks`,
@@ -409,6 +426,7 @@ impl Probe {
     /// Follows the forks of process `pid` (started at `start_ticks`), and
     /// theirs: children inherit its recipe and are followed in turn.
     pub fn follow(&mut self, pid: u32, start_ticks: u64) -> Result<()> {
+        self.mark_pid(pid)?;
         let value = types::rprof_followed { start_ticks };
         // SAFETY: rprof_followed is Plain.
         let value = unsafe { plain::as_bytes(&value) };
