@@ -387,13 +387,20 @@ fn unix_rows(pid: u32) -> Vec<(u64, (String, bool))> {
 
 /// A row of /proc/net/unix, "Num RefCount Protocol Flags Type St Inode
 /// Path" (hexadecimal flags, the path only for a bound socket): its inode,
-/// path (or nothing), and whether it listens.
+/// path (or nothing), and whether it listens. The kernel prints the path
+/// after one space, byte for byte: spaces in it are its own, and kept, for
+/// its hash to be BPF's.
 fn unix_row(line: &str) -> Option<(u64, (String, bool))> {
-    let mut f = line.split_whitespace();
-    let flags = u32::from_str_radix(f.nth(3)?, 16).ok()?;
-    let inode = f.nth(2)?.parse().ok()?;
-    let path: Vec<&str> = f.collect();
-    Some((inode, (path.join(" "), flags & SO_ACCEPTCON != 0)))
+    let mut fields = [""; 7];
+    let mut rest = line;
+    for field in &mut fields {
+        rest = rest.trim_start_matches(' ');
+        (*field, rest) = rest.split_at(rest.find(' ').unwrap_or(rest.len()));
+    }
+    let flags = u32::from_str_radix(fields[3], 16).ok()?;
+    let inode = fields[6].parse().ok()?;
+    let path = rest.strip_prefix(' ').unwrap_or_default();
+    Some((inode, (path.to_string(), flags & SO_ACCEPTCON != 0)))
 }
 
 /// A row of /proc/net/{tcp,tcp6,udp,udp6}.
@@ -469,6 +476,25 @@ mod tests {
         assert_eq!(label(&h, &Known::Nothing), " (socket listening on port 8080)");
     }
 
+    /// A path with spaces in a row, and one at its end, is read back from
+    /// the kernel's own table as it was bound.
+    #[test]
+    fn a_unix_path_is_read_with_its_spaces() {
+        let dir = std::env::temp_dir().join(format!("rprof-unix-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("two  spaces, and one ");
+        let _ = std::fs::remove_file(&path);
+        let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let fd = std::os::fd::AsRawFd::as_raw_fd(&listener);
+        let inode = std::fs::metadata(format!("/proc/self/fd/{fd}")).unwrap().ino();
+        let rows: HashMap<u64, (String, bool)> = unix_rows(std::process::id()).into_iter().collect();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(
+            rows.get(&inode),
+            Some(&(path.to_str().unwrap().to_string(), true))
+        );
+    }
+
     #[test]
     fn proc_net_unix_rows() {
         let listening = "00000000d16649f8: 00000002 00000000 00010000 0001 01 4390595 /run/puma.sock";
@@ -478,6 +504,9 @@ mod tests {
         assert_eq!(unix_row(listening), Some((4390595, (path.clone(), true))));
         assert_eq!(unix_row(accepted), Some((4390597, (path.clone(), false))));
         assert_eq!(unix_row(client), Some((4390596, (String::new(), false))));
+        // (the inode is printed in five columns at least)
+        let padded = "0000000047c4a1b3: 00000002 00000000 00010000 0001 01   871 @a  b ";
+        assert_eq!(unix_row(padded), Some((871, ("@a  b ".to_string(), true))));
         let mut h = types::rprof_sample_header {
             wall_object: O::RPROF_WALL_OBJECT_SOCKET.0,
             peer_family: AF_UNIX,
