@@ -69,11 +69,11 @@ struct {
  * the programs that run for every process on the machine (`wall`'s
  * switches, traced system calls, CPU samples) their hash lookups and
  * clock reads, the most of what rprof costs the processes it does not
- * profile. PID_MAX_LIMIT (4,194,304 on
- * 64-bit) is RPROF_PID_WORDS words. Bits are never cleared: a reused PID
- * costs the lookups, as every PID did before. Two maps, one writer each, so
- * that no bit is lost to a race: userspace rewrites its own words
- * (pids_user), BPF sets its bits atomically (pids_bpf, on_fork, on_exec). */
+ * profile. PID_MAX_LIMIT (4,194,304 on 64-bit) is RPROF_PID_WORDS words.
+ * Bits are never cleared: a reused PID costs the lookups, as every PID did
+ * before. Two maps, one writer each, so that no bit is lost to a race:
+ * userspace rewrites its own words (pids_user), BPF sets its bits
+ * atomically (pids_bpf, on_fork, on_exec). */
 #define PID_MAP                                                                                    \
 	struct {                                                                                   \
 		__uint(type, BPF_MAP_TYPE_ARRAY);                                                  \

@@ -82,6 +82,25 @@ impl Process {
         parse_ppid(&self.stat()?)
     }
 
+    /// The processes it started that still run, from its threads'
+    /// /proc/PID/task/TID/children (none on a kernel without
+    /// CONFIG_PROC_CHILDREN): its own, where `descendants` reads every
+    /// process's stat.
+    pub fn children(&self) -> Vec<u32> {
+        let Ok(tasks) = fs::read_dir(format!("/proc/{}/task", self.pid)) else {
+            return Vec::new();
+        };
+        tasks
+            .flatten()
+            .flat_map(|task| {
+                let text = fs::read_to_string(task.path().join("children")).unwrap_or_default();
+                text.split_whitespace()
+                    .filter_map(|c| c.parse().ok())
+                    .collect::<Vec<u32>>()
+            })
+            .collect()
+    }
+
     /// The CPU time all its threads have used (user and system), in ns, as
     /// /proc/PID/stat counts it: in clock ticks, rounded down.
     pub fn cpu_ns(&self) -> Option<u64> {

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt;
 
 use crate::bpf::types;
-use crate::process::{self, Process};
+use crate::process::Process;
 use crate::processes::ProcessId;
 
 use super::Known;
@@ -87,11 +87,22 @@ impl Files {
 }
 
 /// Process `pid`'s parent and the processes it started, theirs and so on
-/// (at most `MAX_KIN`).
+/// (at most `MAX_KIN`). Read down its own tree (`Process::children`), not
+/// from every process's stat (`process::descendants`): a new pipe, an
+/// `IO.popen` per request, asks again.
 fn kin(pid: u32) -> Vec<u32> {
-    let parent = Process::open(pid).ok().and_then(|p| p.parent());
-    let descendants = process::descendants(pid).into_iter().map(|(child, _)| child);
-    parent.into_iter().chain(descendants).take(MAX_KIN).collect()
+    let mut found: Vec<u32> = Process { pid }.parent().into_iter().collect();
+    let mut next = vec![pid];
+    while let Some(p) = next.pop() {
+        for child in (Process { pid: p }).children() {
+            if found.len() >= MAX_KIN {
+                return found;
+            }
+            found.push(child);
+            next.push(child);
+        }
+    }
+    found
 }
 
 /// Whether process `pid` has a descriptor whose link is `link`.
