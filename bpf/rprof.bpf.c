@@ -2626,11 +2626,15 @@ int wall_sweep(struct bpf_iter__task *ctx)
 	e = bpf_map_lookup_elem(&wall_tasks, &tid);
 	if (!e) {
 		/* Never seen switching since it was followed: on CPU (or ready)
-		 * all along, or blocked all along. A blocked one's wait is
-		 * opened now, before userspace reads its stack, so that a wakeup
-		 * meanwhile ends it (and userspace sees the mark change). */
+		 * all along, or blocked all along, since it was followed or
+		 * since it began (a new thread not yet run: counted from the
+		 * recording's start, a Puma worker forked 2 s into it had a
+		 * thread of 4 s). A blocked one's wait is opened now, before
+		 * userspace reads its stack, so that a wakeup meanwhile ends it
+		 * (and userspace sees the mark change). */
 		running = task->on_cpu || task->__state == 0;
-		mark = (p->wall_since << 1) | (running ? ON_CPU : 0);
+		mark = task->start_time > p->wall_since ? task->start_time : p->wall_since;
+		mark = (mark << 1) | (running ? ON_CPU : 0);
 		if (add_wall_task(tid, FRESH_SWEEP, mark, 0, task->se.sum_exec_runtime)) {
 			out->needs_stack = !running;
 			out->seed_mark = mark;

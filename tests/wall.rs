@@ -873,39 +873,103 @@ fn wall_in_pprof() {
     );
 }
 
-/// A Puma cluster (2 workers, 2 threads each) recorded from its master with
-/// --subprocesses, under no load: every thread of every worker is there, the
-/// idle ones too, each for the whole recording.
+/// CLOCK_BOOTTIME in seconds: the clock of the start times /proc gives.
+fn boot_seconds() -> f64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes the timespec it is given.
+    unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
+    ts.tv_sec as f64 + ts.tv_nsec as f64 / 1e9
+}
+
+/// When each thread of `pid` started (boot_seconds), by thread id: field 22
+/// of its stat, in clock ticks.
+fn thread_starts(pid: &str) -> std::collections::BTreeMap<String, f64> {
+    // SAFETY: sysconf only reads a constant.
+    let tick = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap_or_else(|e| panic!("threads of {pid}: {e}"))
+        .filter_map(|t| t.ok()?.file_name().into_string().ok())
+        .filter_map(|tid| {
+            let fields = common::stat_fields(&format!("/proc/{pid}/task/{tid}/stat"));
+            Some((tid, fields.get(19)?.parse::<f64>().ok()? / tick))
+        })
+        .collect()
+}
+
+/// Microseconds of each thread of process `pid` (the innermost process
+/// frame), by thread id (the thread frame's "[TID]").
+fn per_thread(run: &common::Run, pid: &str) -> std::collections::BTreeMap<String, u64> {
+    let mut threads = std::collections::BTreeMap::new();
+    for (stack, n) in &run.folded.stacks {
+        if common::process_of(stack) != Some(pid) {
+            continue;
+        }
+        let frame = stack
+            .iter()
+            .find(|f| !f.starts_with("process "))
+            .expect("a thread frame");
+        let tid = frame
+            .rsplit_once('[')
+            .and_then(|(_, t)| t.strip_suffix(']'))
+            .unwrap_or_else(|| panic!("no thread id in {frame:?}"));
+        *threads.entry(tid.to_string()).or_default() += n;
+    }
+    threads
+}
+
+/// A Puma cluster (2 workers, 2 threads each) under no load, recorded from
+/// its master with --subprocesses for 4 s, while a worker is killed 1 s in
+/// and Puma forks a replacement: every thread of every process is there,
+/// the idle ones too, each for the time it lived while rprof recorded (the
+/// killed worker's to its death, the replacement's from its threads' start,
+/// the rest the whole recording), within 5% of the recording as the issue
+/// asks of the parked threads.
 #[test]
-fn every_thread_of_an_idle_puma_cluster() {
+fn every_thread_of_a_puma_cluster_whose_worker_is_killed_and_replaced() {
+    const RECORDED: f64 = 4.0;
     let (mut server, _) = puma("puma.rb", 1);
     let workers: Vec<String> = (0..2)
         .map(|_| server.wait_line("worker ", Duration::from_secs(60))["worker ".len()..].to_string())
         .collect();
-    let run = record(server.pid, &["--subprocesses", "--processes", "-d", "3", "wall"]);
+    let rprof = common::attach(server.pid, &["--subprocesses", "--processes", "-d", "4", "wall"]);
+    let begun = boot_seconds();
+    // The scenario's own time, not a wait for readiness: the worker dies 1 s in.
+    std::thread::sleep(Duration::from_secs(1));
+    let victim = workers[0].clone();
+    let victim_threads = thread_starts(&victim);
+    let died = boot_seconds();
+    assert!(common::signal(victim.parse().expect("a pid"), libc::SIGKILL));
+    let replacement = server.wait_line("worker ", Duration::from_secs(60))["worker ".len()..].to_string();
+    // The threads alive near the recording's end (the replacement's pool
+    // starts after it says it booted).
+    let left = begun + RECORDED - 0.5 - boot_seconds();
+    std::thread::sleep(Duration::from_secs_f64(left.max(0.0)));
+    let master = server.pid.to_string();
+    let lived: Vec<(String, std::collections::BTreeMap<String, f64>, f64)> = vec![
+        (victim, victim_threads, died),
+        (workers[1].clone(), thread_starts(&workers[1]), f64::MAX),
+        (replacement.clone(), thread_starts(&replacement), f64::MAX),
+        (master.clone(), thread_starts(&master), f64::MAX),
+    ];
+    let run = rprof.finish();
     assert!(run.success, "{}", run.stderr);
-    for worker in &workers {
-        let mut threads: std::collections::BTreeMap<&str, u64> = Default::default();
-        for (stack, n) in &run.folded.stacks {
-            if common::process_of(stack) == Some(worker.as_str()) {
-                let thread = stack
-                    .iter()
-                    .find(|f| !f.starts_with("process "))
-                    .expect("a thread frame");
-                *threads.entry(thread.as_str()).or_default() += n;
-            }
+    let end = begun + RECORDED;
+    for (pid, starts, death) in &lived {
+        let got = per_thread(&run, pid);
+        eprintln!("process {pid}: threads (us) {got:?}, started {starts:?}");
+        if pid != &master {
+            assert!(starts.len() >= 3, "worker {pid}: threads {starts:?}");
         }
-        eprintln!("worker {worker}: {threads:?}");
-        assert!(
-            threads.len() >= 3,
-            "worker {worker}: threads {threads:?}: {}",
-            run.stderr
-        );
-        for (thread, us) in &threads {
-            let s = *us as f64 / 1e6;
+        for (tid, start) in starts {
+            let want = end.min(*death) - start.max(begun);
+            let s = got.get(tid).copied().unwrap_or(0) as f64 / 1e6;
             assert!(
-                (s - 3.0).abs() <= 0.05 * 3.0,
-                "worker {worker}: thread {thread}: {s:.3} s"
+                (s - want).abs() <= 0.05 * RECORDED,
+                "process {pid}: thread {tid}: {s:.3} s, lived {want:.3} s of the recording: {got:?}: {}",
+                run.stderr
             );
         }
     }
