@@ -112,6 +112,28 @@ impl Process {
         Some((utime + stime).saturating_mul(1_000_000_000 / clock_ticks_per_second()))
     }
 
+    /// `cpu_ns` of this process and of the ancestors it was forked from
+    /// that run the same program (a Puma master; a worker that forks
+    /// others), and how many processes that is: a fork's memory, the GC's
+    /// clock in it, holds time its parent paid for, which the fork's own
+    /// CPU time does not count.
+    pub fn lineage_cpu_ns(&self) -> Option<(u64, u64)> {
+        let exe = |pid: u32| fs::read_link(format!("/proc/{pid}/exe")).ok();
+        let program = exe(self.pid);
+        let (mut ns, mut n) = (self.cpu_ns()?, 1);
+        let mut up = self.parent();
+        while let Some(pid) = up.filter(|&p| p > 1 && n < 64) {
+            if program.is_none() || exe(pid) != program {
+                break;
+            }
+            let parent = Process { pid };
+            ns = ns.saturating_add(parent.cpu_ns().unwrap_or(0));
+            n += 1;
+            up = parent.parent();
+        }
+        Some((ns, n))
+    }
+
     /// The command line, arguments joined by spaces (empty for a zombie).
     pub fn command_line(&self) -> String {
         let raw = fs::read(format!("/proc/{}/cmdline", self.pid)).unwrap_or_default();

@@ -186,19 +186,21 @@ impl Prover<'_> {
     }
 
     /// The GC's own clock (`GC.stat(:time)`): the process's CPU time in
-    /// collections, so never more than all of its CPU time, read after.
+    /// collections, so never more than all of its CPU time, read after,
+    /// with that of the processes it was forked from (`lineage_cpu_ns`: a
+    /// Puma worker's clock starts at its master's, whose boot collected
+    /// for longer than a young worker has run; such workers were refused).
     fn gc_time(&self, clock: GcClock) -> Result<(), Failure> {
         let mut ns = 0u64;
         for &addr in clock.time_ns.iter().filter(|&&a| a != 0) {
             let field = self.u64_at(addr, "the GC's time")?;
             ns = ns.saturating_add(field);
         }
-        // utime and stime each rounded down to a clock tick (10 ms), and a
-        // tick the process may use between the two reads.
-        let slack = 30_000_000;
-        match self.process.cpu_ns() {
-            Some(cpu) if ns > cpu.saturating_add(slack) => fail(format!(
-                "the GC's time reads {} ms, more than the process's CPU time, {} ms (gc time_ns_from_count)",
+        // For each process, utime and stime each rounded down to a clock
+        // tick (10 ms), and a tick it may use between the two reads.
+        match self.process.lineage_cpu_ns() {
+            Some((cpu, n)) if ns > cpu.saturating_add(n * 30_000_000) => fail(format!(
+                "the GC's time reads {} ms, more than the CPU time of the process and those it was forked from, {} ms (gc time_ns_from_count)",
                 ns / 1_000_000,
                 cpu / 1_000_000
             )),

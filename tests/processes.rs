@@ -405,6 +405,43 @@ fn a_reused_pid_is_another_process_whose_samples_never_join_the_old_ones() {
     );
 }
 
+/// A fork of a Ruby that collected for longer than the fork has run (a
+/// young Puma worker of a master that booted an app): its GC clock, its
+/// parent's at the fork, is more than its own CPU time, and that is no sign
+/// of a wrong layout. Attached to directly, and found running under its
+/// parent with --subprocesses, it is profiled from the recording's start.
+/// Before, `-p CHILD` refused it, and --subprocesses left it out (the
+/// worker of a Puma cluster whose master had collected for 32 ms, one
+/// attach in ten).
+#[test]
+fn a_fork_whose_gc_clock_is_its_parents_is_profiled() {
+    let target = Ruby::host().spawn("gc_then_fork.rb", &[]);
+    let child = target.get("child").to_string();
+    let gc_ms: u64 = target.get("gc_ms").parse().expect("ms");
+    assert!(gc_ms >= 300, "the parent collected for {gc_ms} ms");
+    let alone = common::record(child.parse().expect("a pid"), &["-d", "1", "wall"]);
+    assert!(alone.success, "-p {child}: {}", alone.stderr);
+    let both = common::record(target.pid, &["--subprocesses", "--processes", "-d", "1", "wall"]);
+    assert!(both.success, "{}", both.stderr);
+    for (what, run) in [("-p CHILD", &alone), ("--subprocesses", &both)] {
+        assert!(!run.stderr.contains("refused"), "{what}: {}", run.stderr);
+        // Its one thread, seen from the recording's start.
+        let seen: u64 = run
+            .folded
+            .stacks
+            .iter()
+            .filter(|(s, _)| what == "-p CHILD" || common::process_of(s) == Some(child.as_str()))
+            .map(|(_, n)| n)
+            .sum();
+        let s = seen as f64 / 1e6;
+        assert!(
+            (s - 1.0).abs() <= 0.05,
+            "{what}: the child's {s:.3} s of 1: {}",
+            run.stderr
+        );
+    }
+}
+
 #[test]
 fn a_ruby_in_its_own_pid_and_mount_namespaces_is_followed_by_host_pid() {
     // As in a container: Debian 13's Ruby in its own root, PID 1 of a new
