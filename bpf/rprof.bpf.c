@@ -1510,6 +1510,95 @@ static __always_inline __s64 polled_fd(struct task_struct *task, void *ufds, __u
 	return fds[0].fd;
 }
 
+/* The most descriptors a select is read for: one of more is not named. */
+#define SELECT_MAX_FDS 8192
+
+/* The descriptors a select waits on, gathered a word (64 of them) at a
+ * time: the first two found, and how many there are (3: more than two, or
+ * unreadable). */
+struct select_scan {
+	__u64 sets[2]; /* read and write sets (user addresses; 0: none) */
+	__u64 bytes;   /* of each set: the kernel reads this much of them */
+	__s64 fds[2];
+	__u32 n;
+};
+
+/* The index of the lowest bit set in `w` (not 0): the bits below it,
+ * counted without a branch (each branch would double the paths the
+ * verifier walks). */
+static __always_inline __u32 lowest_bit(__u64 w)
+{
+	__u64 x = (w & -w) - 1;
+
+	x = x - ((x >> 1) & 0x5555555555555555ULL);
+	x = (x & 0x3333333333333333ULL) + ((x >> 2) & 0x3333333333333333ULL);
+	x = (x + (x >> 4)) & 0x0f0f0f0f0f0f0f0fULL;
+	return (x * 0x0101010101010101ULL) >> 56;
+}
+
+/* bpf_loop: word `i` of the sets (of both: a descriptor waited on for
+ * reading and writing is one). */
+static long select_word(__u32 i, struct select_scan *c)
+{
+	__u64 off = (__u64)i * 8, w = 0, v;
+
+	/* (The verifier walks this as if called again whatever it returns:
+	 * the count must stop at 3 for its states to repeat.) */
+	if (off >= c->bytes || c->n > 2)
+		return 1;
+	for (int k = 0; k < 2; k++) {
+		v = 0;
+		if (c->sets[k] && bpf_probe_read_user(&v, sizeof(v), (void *)(c->sets[k] + off))) {
+			c->n = 3;
+			return 1;
+		}
+		w |= v;
+	}
+	for (int k = 0; k < 3 && w; k++) {
+		if (c->n < 2)
+			c->fds[c->n & 1] = off * 8 + lowest_bit(w);
+		if (c->n < 3)
+			c->n++;
+		w &= w - 1;
+	}
+	return c->n > 2;
+}
+
+/* The scan of a select's sets, into `out`. Global: the verifier checks it
+ * once, not on each path of the switch program. */
+__noinline int scan_select(struct select_scan *out)
+{
+	struct select_scan c; /* bpf_loop's context must be on this stack */
+
+	if (!out)
+		return 0;
+	__builtin_memcpy(&c, out, sizeof(c));
+	bpf_loop(SELECT_MAX_FDS / 64, select_word, &c, 0);
+	__builtin_memcpy(out, &c, sizeof(c));
+	return 0;
+}
+
+/* The descriptor a select of `nfds` descriptors (read set at `rset`, write
+ * set at `wset`) waits on, or -1: as for a poll (polled_fd), one, or one
+ * beside Ruby 2.7-3.2's signal eventfd, which its holder adds to the read
+ * set. */
+static __always_inline __s64 selected_fd(struct task_struct *task, __u64 nfds, __u64 rset,
+					 __u64 wset)
+{
+	struct select_scan c = {.sets = {rset, wset}, .bytes = (nfds + 63) / 64 * 8};
+
+	if (nfds < 1 || nfds > SELECT_MAX_FDS)
+		return -1;
+	scan_select(&c);
+	if (c.n == 1)
+		return c.fds[0];
+	if (c.n != 2)
+		return -1;
+	if (is_eventfd(file_of(task, c.fds[0])))
+		return c.fds[1];
+	return is_eventfd(file_of(task, c.fds[1])) ? c.fds[0] : -1;
+}
+
 /* wall: what the system call `task`, the current task, is blocked in waits
  * on: the kind of its file descriptor (x86-64 system call numbers), and
  * into `r` a socket's peer. */
@@ -1533,6 +1622,11 @@ static __always_inline __u32 object_of(struct task_struct *task, __s32 syscall, 
 	case 7:	  /* poll */
 	case 271: /* ppoll */
 		fd = polled_fd(task, (void *)BPF_CORE_READ(regs, di), BPF_CORE_READ(regs, si));
+		break;
+	case 23:  /* select */
+	case 270: /* pselect6 */
+		fd = selected_fd(task, BPF_CORE_READ(regs, di), BPF_CORE_READ(regs, si),
+				 BPF_CORE_READ(regs, dx));
 		break;
 	default:
 		return RPROF_WALL_OBJECT_NONE;

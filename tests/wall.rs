@@ -210,6 +210,7 @@ fn parked_threads(ruby: &Ruby, how: Parked) {
         "cpu2",
         "sleeper",
         "reader",
+        "selector",
         "netreader",
         "netserver",
         "unixreader",
@@ -241,9 +242,11 @@ fn parked_threads(ruby: &Ruby, how: Parked) {
     // What a blocked call waits on, too: `[blocked: CALL (OBJECT)]`.
     let blocked_on = |object: String| {
         move |l: &str| {
-            ["read", "poll", "ppoll", "recvfrom", "accept", "accept4"]
-                .iter()
-                .any(|call| l == format!("[blocked: {call} ({object})]"))
+            [
+                "read", "poll", "ppoll", "pselect6", "select", "recvfrom", "accept", "accept4",
+            ]
+            .iter()
+            .any(|call| l == format!("[blocked: {call} ({object})]"))
         }
     };
     let on_pipe = blocked_on("pipe".to_string());
@@ -257,10 +260,11 @@ fn parked_threads(ruby: &Ruby, how: Parked) {
     let on_unix = blocked_on(format!("unix socket connected to {}", target.get("unix_path")));
     let on_unix_client = blocked_on(format!("unix socket accepted on {}", target.get("unix_path")));
     let listening = blocked_on(format!("socket listening on port {}", target.get("idle_port")));
-    let parked: [(&str, &str, &IsState); 11] = [
+    let parked: [(&str, &str, &IsState); 12] = [
         ("sleeper", "Object#nap", &|l| l == "[sleeping]"),
         ("holder", "Object#hold", &|l| l == "[sleeping]"),
         ("reader", "Object#read_pipe", &on_pipe),
+        ("selector", "Object#select_pipe", &on_pipe),
         ("netreader", "Object#read_socket", &on_server),
         ("netserver", "Object#read_client", &on_client),
         ("unixreader", "Object#read_unix", &on_unix),
@@ -386,10 +390,36 @@ fn parked_threads_with_the_counts_table_full() {
     parked_threads(&Ruby::host(), Parked::FullTable);
 }
 
-/// sigwait.rb's waiter once it polls: its thread id, and how many
-/// descriptors it polls (read from /proc: the chroots of other Rubies have
+/// How sigwait.rb's waiter waits: in a poll (`wait_readable`) or a select
+/// (`IO.select`).
+#[derive(Clone, Copy, PartialEq)]
+enum Waiter {
+    Poll,
+    Select,
+}
+
+/// The descriptors in the select sets (read, write) at `sets` of `nfds`
+/// descriptors, read from the memory of `pid` (as the kernel reads them).
+fn selected_count(pid: u32, nfds: u64, sets: [u64; 2]) -> u64 {
+    use std::os::unix::fs::FileExt;
+    let mem = std::fs::File::open(format!("/proc/{pid}/mem")).expect("the target's memory");
+    let mut union = vec![0u8; nfds.div_ceil(64) as usize * 8];
+    for set in sets.into_iter().filter(|&a| a != 0) {
+        let mut bytes = vec![0u8; union.len()];
+        mem.read_exact_at(&mut bytes, set).expect("a select's set");
+        union.iter_mut().zip(bytes).for_each(|(u, b)| *u |= b);
+    }
+    union.iter().map(|b| u64::from(b.count_ones())).sum()
+}
+
+/// sigwait.rb's waiter once it waits `how`: its thread id, and how many
+/// descriptors it waits on (read from /proc: the chroots of other Rubies have
 /// none, and 2.7 has no `Thread#native_thread_id`).
-fn waiter_polling(pid: u32) -> (String, u64) {
+fn waiter_waiting(pid: u32, how: Waiter) -> (String, u64) {
+    let calls: &[&str] = match how {
+        Waiter::Poll => &["7", "271"],
+        Waiter::Select => &["23", "270"],
+    };
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).expect("the target's threads");
@@ -398,27 +428,37 @@ fn waiter_polling(pid: u32) -> (String, u64) {
             let comm = std::fs::read_to_string(path.join("comm")).unwrap_or_default();
             let call = std::fs::read_to_string(path.join("syscall")).unwrap_or_default();
             let words: Vec<&str> = call.split_whitespace().collect();
-            if comm.trim_end() == "waiter" && matches!(words.first(), Some(&"7" | &"271")) {
-                let nfds = u64::from_str_radix(words[2].trim_start_matches("0x"), 16).expect("nfds");
-                return (task.file_name().to_string_lossy().into_owned(), nfds);
+            if comm.trim_end() != "waiter" || !words.first().is_some_and(|w| calls.contains(w)) {
+                continue;
             }
+            let arg =
+                |i: usize| u64::from_str_radix(words[i].trim_start_matches("0x"), 16).expect("an argument");
+            let n = match how {
+                Waiter::Poll => arg(2),
+                Waiter::Select => selected_count(pid, arg(1), [arg(2), arg(3)]),
+            };
+            return (task.file_name().to_string_lossy().into_owned(), n);
         }
-        assert!(Instant::now() < deadline, "sigwait.rb's waiter never polled");
+        assert!(Instant::now() < deadline, "sigwait.rb's waiter never waited");
         std::thread::sleep(Duration::from_millis(10));
     }
 }
 
 /// On Ruby 2.7-3.2 the thread holding the VM's signal eventfd polls it
-/// beside the descriptor it waits on (`nfds` 2, else 1): its waits still
-/// name the socket, the first (under way at attach: read from userspace)
-/// and the later ones (seen begin: walked in BPF). Once they named nothing
-/// (seen on wall_states.rb's acceptor, whichever thread took the eventfd).
-fn waits_beside_the_signal_fd(ruby: &Ruby, nfds: u64) {
-    let target = ruby.spawn("sigwait.rb", &[]);
-    let (tid, polled) = waiter_polling(target.pid);
+/// beside the descriptor it waits on (`nfds` 2, else 1), or selects it: its
+/// waits still name the socket, the first (under way at attach: read from
+/// userspace) and the later ones (seen begin: walked in BPF). Once they
+/// named nothing (seen on wall_states.rb's acceptor, whichever thread took
+/// the eventfd).
+fn waits_beside_the_signal_fd(ruby: &Ruby, nfds: u64, how: Waiter) {
+    let target = ruby.spawn(
+        "sigwait.rb",
+        if how == Waiter::Select { &["select"] } else { &[] },
+    );
+    let (tid, polled) = waiter_waiting(target.pid, how);
     assert_eq!(
         polled, nfds,
-        "Ruby {}: the waiter polls {polled} descriptors",
+        "Ruby {}: the waiter waits on {polled} descriptors",
         ruby.name
     );
     let woken = switches(target.pid, &tid);
@@ -428,9 +468,12 @@ fn waits_beside_the_signal_fd(ruby: &Ruby, nfds: u64) {
     let f = run.folded.of_thread(&tid);
     let report = format!("Ruby {}: waiter, {woken} switches:\n{}", ruby.name, stacks_of(&f));
     let socket = format!("(socket 127.0.0.1:{})", target.get("peer_port"));
-    // Its polls: a leaf `[blocked: poll...` or `[blocked: ppoll...` (not
+    // Its waits: a leaf `[blocked: poll...` or `[blocked: ppoll...` (not
     // the odd microseconds it blocks on a futex of Ruby's own).
-    let calls = ["[blocked: poll", "[blocked: ppoll"];
+    let calls: &[&str] = match how {
+        Waiter::Poll => &["[blocked: poll", "[blocked: ppoll"],
+        Waiter::Select => &["[blocked: select", "[blocked: pselect6"],
+    };
     let blocked = in_state(&f, |l| calls.iter().any(|call| l.starts_with(call)));
     let named = in_state(&f, |l| {
         calls
@@ -442,23 +485,35 @@ fn waits_beside_the_signal_fd(ruby: &Ruby, nfds: u64) {
     // depends on who is quicker: the main thread releases it to write.)
     // Measured: 10 switches in 3 s with a CPU busy, 23 idle.
     assert!(blocked >= 1_000_000 && woken >= 5, "{report}");
-    assert_eq!(named, blocked, "{report} (polled without naming the socket)");
+    assert_eq!(named, blocked, "{report} (waited without naming the socket)");
 }
 
 #[test]
 fn waits_beside_the_signal_fd_ruby_2_7() {
-    waits_beside_the_signal_fd(&Ruby::named("2.7"), 2);
+    waits_beside_the_signal_fd(&Ruby::named("2.7"), 2, Waiter::Poll);
 }
 
 #[test]
 fn waits_beside_the_signal_fd_ruby_3_1() {
-    waits_beside_the_signal_fd(&Ruby::host(), 2);
+    waits_beside_the_signal_fd(&Ruby::host(), 2, Waiter::Poll);
 }
 
 /// 3.3 on have no signal eventfd.
 #[test]
 fn waits_beside_the_signal_fd_ruby_3_4() {
-    waits_beside_the_signal_fd(&Ruby::named("3.4"), 1);
+    waits_beside_the_signal_fd(&Ruby::named("3.4"), 1, Waiter::Poll);
+}
+
+/// IO.select: the eventfd in the read set beside the socket.
+#[test]
+fn selects_beside_the_signal_fd_ruby_3_1() {
+    waits_beside_the_signal_fd(&Ruby::host(), 2, Waiter::Select);
+}
+
+/// IO.select on 3.4: the socket alone.
+#[test]
+fn selects_ruby_3_4() {
+    waits_beside_the_signal_fd(&Ruby::named("3.4"), 1, Waiter::Select);
 }
 
 /// Waits on Unix sockets that begin while rprof records, walked in BPF:
@@ -591,12 +646,18 @@ fn file_device_and_pipe_waits_walked_as_they_begin() {
 fn file_device_and_pipe_waits_under_way() {
     let target = Ruby::host().spawn("file_waits.rb", &["parked"]);
     let _lock = Removed(target.get("lock_path").into());
-    // flock (73) and the terminal's and pipe's ppoll (271), poll (7) or
-    // read (0).
+    // flock (73), the terminal's and pipe's ppoll (271), poll (7) or
+    // read (0), and the select's pselect6 (270) or select (23).
     wait_in_call(
         &target,
-        &["flocker", "ttyreader", "popenreader"],
-        &[73, 271, 7, 0],
+        &[
+            "flocker",
+            "ttyreader",
+            "popenreader",
+            "selector",
+            "pipelinereader",
+        ],
+        &[73, 271, 7, 0, 270, 23],
     );
     let run = record(target.pid, &["-d", "2", "wall"]);
     assert!(run.success, "{}", run.stderr);
@@ -633,7 +694,22 @@ impl Drop for Removed {
     }
 }
 
-/// file_waits.rb's three threads (their ids by `tid`) blocked at least
+/// The process of `target`'s pipeline (file_waits.rb) that writes the pipe
+/// it reads: the one of the shell's commands whose output the pipe is (the
+/// shell holds it too).
+fn pipeline_writer(target: &Target) -> String {
+    let pipe = std::fs::read_link(format!("/proc/{}/fd/{}", target.pid, target.get("pipeline_fd")))
+        .expect("the pipeline's pipe");
+    let shell: u32 = target.get("pipeline_pid").parse().expect("a pid");
+    let writers: Vec<u32> = common::children_of(shell)
+        .into_iter()
+        .filter(|c| std::fs::read_link(format!("/proc/{c}/fd/1")).is_ok_and(|l| l == pipe))
+        .collect();
+    assert_eq!(writers.len(), 1, "the pipeline's writers: {writers:?}");
+    writers[0].to_string()
+}
+
+/// file_waits.rb's five threads (their ids by `tid`) blocked at least
 /// `at_least` us, every wait named by its object, under its method.
 fn assert_file_waits_named(run: &common::Run, target: &Target, tid: impl Fn(&str) -> String, at_least: u64) {
     let lock = target.get("lock_path");
@@ -657,6 +733,18 @@ fn assert_file_waits_named(run: &common::Run, target: &Target, tid: impl Fn(&str
             "Object#read_child",
             &["ppoll", "poll", "read"][..],
             format!("pipe with cat [{child}]"),
+        ),
+        (
+            "selector",
+            "Object#select_child",
+            &["pselect6", "select"][..],
+            format!("pipe with cat [{child}]"),
+        ),
+        (
+            "pipelinereader",
+            "Object#read_pipeline",
+            &["ppoll", "poll", "read"][..],
+            format!("pipe with cat [{}]", pipeline_writer(target)),
         ),
     ] {
         let f = run.folded.of_thread(&tid(name));
@@ -853,7 +941,7 @@ fn wall_in_pprof() {
     ] {
         assert!(tags.contains(state), "no state {state} among the labels: {tags}");
     }
-    // Thirteen threads alive for the whole 2 s.
+    // Fourteen threads alive for the whole 2 s.
     let total: f64 = raw
         .lines()
         .skip_while(|l| !l.starts_with("Samples:"))
@@ -868,7 +956,7 @@ fn wall_in_pprof() {
         })
         .sum();
     assert!(
-        (total / 1e9 - 26.0).abs() <= 0.05 * 26.0,
+        (total / 1e9 - 28.0).abs() <= 0.05 * 28.0,
         "{total} ns in all: {raw}"
     );
 }

@@ -288,7 +288,7 @@ fn blocked_record(
     None
 }
 
-/// What the system call of `t`, blocked, waits on (`object_of` in BPF, from
+/// What the system call of `t`, blocked, waits on (`wall_object` in BPF, from
 /// /proc): the kind of its descriptor; a socket's peer into `h`.
 fn object_now(
     target: &RubyTarget,
@@ -321,6 +321,10 @@ fn object_now(
     let fd = match words.as_slice() {
         [0..=1 | 17..=20 | 42..=47 | 72..=75 | 288, fd, ..] => *fd,
         [7 | 271, fds, nfds, ..] => match polled_fd(target, t.pid, *fds, *nfds) {
+            Some(fd) => fd,
+            None => return O::RPROF_WALL_OBJECT_NONE.0,
+        },
+        [23 | 270, nfds, rset, wset, ..] => match selected_fd(target, t.pid, *nfds, [*rset, *wset]) {
             Some(fd) => fd,
             None => return O::RPROF_WALL_OBJECT_NONE.0,
         },
@@ -357,13 +361,54 @@ fn polled_fd(target: &RubyTarget, pid: u32, ufds: u64, nfds: u64) -> Option<u64>
     let space: &dyn AddressSpace = &target.process;
     space.read(ufds, &mut fds[..n * 8]).ok()?;
     let fd_at = |i: usize| i32::from_ne_bytes([fds[i * 8], fds[i * 8 + 1], fds[i * 8 + 2], fds[i * 8 + 3]]);
-    if n == 2 {
-        let link = std::fs::read_link(format!("/proc/{pid}/fd/{}", fd_at(1))).ok()?;
-        if link.as_os_str() != "anon_inode:[eventfd]" {
-            return None;
-        }
+    if n == 2 && !is_eventfd(pid, u64::try_from(fd_at(1)).ok()?) {
+        return None;
     }
     u64::try_from(fd_at(0)).ok()
+}
+
+/// Whether descriptor `fd` of `pid` is an eventfd (Ruby 2.7-3.2's signal fd).
+fn is_eventfd(pid: u32, fd: u64) -> bool {
+    std::fs::read_link(format!("/proc/{pid}/fd/{fd}")).is_ok_and(|l| l.as_os_str() == "anon_inode:[eventfd]")
+}
+
+/// The most descriptors a select is read for (`SELECT_CHUNKS` pieces of
+/// `SELECT_CHUNK` bytes in BPF).
+const SELECT_MAX_FDS: u64 = 8192;
+
+/// The descriptor a select of `nfds` descriptors waits on (`selected_fd` in
+/// BPF): one in its read and write sets together, or one beside the signal
+/// eventfd that Ruby 2.7-3.2's holder of it adds to the read set.
+fn selected_fd(target: &RubyTarget, pid: u32, nfds: u64, sets: [u64; 2]) -> Option<u64> {
+    if !(1..=SELECT_MAX_FDS).contains(&nfds) {
+        return None;
+    }
+    let space: &dyn AddressSpace = &target.process;
+    // The kernel reads nfds bits, rounded up to whole longs.
+    let mut words = vec![0u64; nfds.div_ceil(64) as usize];
+    let mut bytes = vec![0u8; words.len() * 8];
+    for set in sets.into_iter().filter(|&s| s != 0) {
+        space.read(set, &mut bytes).ok()?;
+        for (w, b) in words.iter_mut().zip(bytes.chunks_exact(8)) {
+            *w |= u64::from_ne_bytes(b.try_into().ok()?);
+        }
+    }
+    let fds: Vec<u64> = words
+        .iter()
+        .enumerate()
+        .flat_map(|(i, &w)| {
+            (0..64)
+                .filter(move |b| w >> b & 1 == 1)
+                .map(move |b| i as u64 * 64 + b)
+        })
+        .take(3)
+        .collect();
+    match fds.as_slice() {
+        [fd] => Some(*fd),
+        [a, b] if is_eventfd(pid, *a) => Some(*b),
+        [a, b] if is_eventfd(pid, *b) => Some(*a),
+        _ => None,
+    }
 }
 
 /// The state BPF saw `t`'s wait begin in, if it saw it; else `read`.

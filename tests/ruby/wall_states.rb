@@ -1,5 +1,6 @@
 # Threads parked in known states, for `rprof record ... wall`: two threads
 # on CPU (sharing the GVL), one asleep, one reading a pipe nobody writes,
+# one waiting for it in IO.select,
 # one reading a TCP connection whose other end never writes, one reading the
 # other end (accepted by the server), the same two over a Unix socket, one
 # waiting for a connection nobody makes, one waiting for a Mutex another thread holds,
@@ -19,6 +20,10 @@ end
 
 def read_pipe(r)
   r.read(1)
+end
+
+def select_pipe(r)
+  IO.select([r])
 end
 
 def read_socket(s)
@@ -82,6 +87,7 @@ threads = [
   start.call("cpu2") { spin },
   start.call("sleeper") { nap },
   start.call("reader") { read_pipe(r) },
+  start.call("selector") { select_pipe(r) },
   start.call("netreader") { read_socket(client) },
   start.call("netserver") { read_client(accepted) },
   start.call("unixreader") { read_unix(unix_client) },

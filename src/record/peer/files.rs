@@ -4,7 +4,9 @@
 //! and the descriptor; its path is that descriptor's link in /proc/PID/fd,
 //! taken only while the descriptor still names the same file. A pipe has
 //! no path: it is named by the one other process that holds it, among the
-//! process's parent and the processes it started (`IO.popen`, Open3).
+//! process's parent and the processes it started (`IO.popen`, Open3), those
+//! that started another holder aside (a shell running `a | b` holds the
+//! pipe that `b` writes).
 
 use std::collections::HashMap;
 use std::os::unix::fs::MetadataExt;
@@ -64,8 +66,7 @@ impl Files {
             return known.clone();
         }
         let link = format!("pipe:[{inode}]");
-        let holders: Vec<u32> = kin(id.pid).into_iter().filter(|&p| holds(p, &link)).collect();
-        let known = match holders.as_slice() {
+        let known = match at_the_other_end(&kin(id.pid), |p| holds(p, &link)).as_slice() {
             [p] => {
                 let name = Process::open(*p).map_or_else(|_| "?".to_string(), |p| p.exe_name());
                 Known::PipeWith(format!("{name} [{p}]"))
@@ -86,23 +87,45 @@ impl Files {
     }
 }
 
+/// A process of `pid`'s kin (`kin`) and the process it is the kin through:
+/// its parent, or for `pid`'s parent, none.
+type Kin = (u32, Option<u32>);
+
 /// Process `pid`'s parent and the processes it started, theirs and so on
-/// (at most `MAX_KIN`). Read down its own tree (`Process::children`), not
-/// from every process's stat (`process::descendants`): a new pipe, an
-/// `IO.popen` per request, asks again.
-fn kin(pid: u32) -> Vec<u32> {
-    let mut found: Vec<u32> = Process { pid }.parent().into_iter().collect();
+/// (at most `MAX_KIN`), each with its parent among them. Read down its own
+/// tree (`Process::children`), not from every process's stat
+/// (`process::descendants`): a new pipe, an `IO.popen` per request, asks
+/// again.
+fn kin(pid: u32) -> Vec<Kin> {
+    let mut found: Vec<Kin> = Process { pid }.parent().map(|p| (p, None)).into_iter().collect();
     let mut next = vec![pid];
     while let Some(p) = next.pop() {
         for child in (Process { pid: p }).children() {
             if found.len() >= MAX_KIN {
                 return found;
             }
-            found.push(child);
+            found.push((child, Some(p)));
             next.push(child);
         }
     }
     found
+}
+
+/// The processes of `kin` that `holds`, less those that started another
+/// of them (directly or not): the shell between a program and the command
+/// it runs holds the command's pipe too, and writes nothing to it.
+fn at_the_other_end(kin: &[Kin], holds: impl Fn(u32) -> bool) -> Vec<u32> {
+    let holders: Vec<u32> = kin.iter().map(|&(p, _)| p).filter(|&p| holds(p)).collect();
+    let parent = |p: u32| kin.iter().find(|&&(k, _)| k == p).and_then(|&(_, up)| up);
+    let mut starters = Vec::new();
+    for &h in &holders {
+        let mut up = parent(h);
+        while let Some(p) = up {
+            starters.push(p);
+            up = parent(p);
+        }
+    }
+    holders.into_iter().filter(|h| !starters.contains(h)).collect()
 }
 
 /// Whether process `pid` has a descriptor whose link is `link`.
@@ -141,6 +164,32 @@ fn kernel_dev(st_dev: u64) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Kin of process 10: its parent 1; its shell 20 (`sh -c 'a | b'`),
+    /// whose 21 and 22 it started; and its own 30.
+    const KIN: [Kin; 5] = [
+        (1, None),
+        (20, Some(10)),
+        (21, Some(20)),
+        (22, Some(20)),
+        (30, Some(10)),
+    ];
+
+    fn other_end(holders: &[u32]) -> Vec<u32> {
+        at_the_other_end(&KIN, |p| holders.contains(&p))
+    }
+
+    #[test]
+    fn a_pipe_is_named_by_the_command_not_the_shell_that_started_it() {
+        assert_eq!(other_end(&[20, 22]), [22]);
+        assert_eq!(other_end(&[22]), [22]);
+        assert_eq!(other_end(&[20]), [20]);
+        // Two commands, or the parent and a command: neither is the end.
+        assert_eq!(other_end(&[21, 22]), [21, 22]);
+        assert_eq!(other_end(&[20, 21, 22]), [21, 22]);
+        assert_eq!(other_end(&[1, 30]), [1, 30]);
+        assert_eq!(other_end(&[1, 20, 22]), [1, 22]);
+    }
 
     /// A file of this process, as a wait on it would carry it.
     #[test]
