@@ -288,7 +288,7 @@ fn blocked_record(
     None
 }
 
-/// What the system call of `t`, blocked, waits on (`wall_object` in BPF, from
+/// What the system call of `t`, blocked, waits on (`object_of` in BPF, from
 /// /proc): the kind of its descriptor; a socket's peer into `h`.
 fn object_now(
     target: &RubyTarget,
