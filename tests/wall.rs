@@ -399,17 +399,18 @@ enum Waiter {
 }
 
 /// The descriptors in the select sets (read, write) at `sets` of `nfds`
-/// descriptors, read from the memory of `pid` (as the kernel reads them).
-fn selected_count(pid: u32, nfds: u64, sets: [u64; 2]) -> u64 {
+/// descriptors, read from the memory of `pid` (as the kernel reads them);
+/// None if they cannot be read.
+fn selected_count(pid: u32, nfds: u64, sets: [u64; 2]) -> Option<u64> {
     use std::os::unix::fs::FileExt;
     let mem = std::fs::File::open(format!("/proc/{pid}/mem")).expect("the target's memory");
     let mut union = vec![0u8; nfds.div_ceil(64) as usize * 8];
     for set in sets.into_iter().filter(|&a| a != 0) {
         let mut bytes = vec![0u8; union.len()];
-        mem.read_exact_at(&mut bytes, set).expect("a select's set");
+        mem.read_exact_at(&mut bytes, set).ok()?;
         union.iter_mut().zip(bytes).for_each(|(u, b)| *u |= b);
     }
-    union.iter().map(|b| u64::from(b.count_ones())).sum()
+    Some(union.iter().map(|b| u64::from(b.count_ones())).sum())
 }
 
 /// sigwait.rb's waiter once it waits `how`: its thread id, and how many
@@ -434,10 +435,16 @@ fn waiter_waiting(pid: u32, how: Waiter) -> (String, u64) {
             let arg =
                 |i: usize| u64::from_str_radix(words[i].trim_start_matches("0x"), 16).expect("an argument");
             let n = match how {
-                Waiter::Poll => arg(2),
+                Waiter::Poll => Some(arg(2)),
                 Waiter::Select => selected_count(pid, arg(1), [arg(2), arg(3)]),
             };
-            return (task.file_name().to_string_lossy().into_owned(), n);
+            // The sets were read during this very call (a byte may have
+            // ended it since the call was read): else, looked at again.
+            if let Some(n) =
+                n.filter(|_| std::fs::read_to_string(path.join("syscall")).is_ok_and(|a| a == call))
+            {
+                return (task.file_name().to_string_lossy().into_owned(), n);
+            }
         }
         assert!(Instant::now() < deadline, "sigwait.rb's waiter never waited");
         std::thread::sleep(Duration::from_millis(10));

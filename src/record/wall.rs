@@ -372,8 +372,7 @@ fn is_eventfd(pid: u32, fd: u64) -> bool {
     std::fs::read_link(format!("/proc/{pid}/fd/{fd}")).is_ok_and(|l| l.as_os_str() == "anon_inode:[eventfd]")
 }
 
-/// The most descriptors a select is read for (`SELECT_CHUNKS` pieces of
-/// `SELECT_CHUNK` bytes in BPF).
+/// The most descriptors a select is read for (`SELECT_MAX_FDS` in BPF).
 const SELECT_MAX_FDS: u64 = 8192;
 
 /// The descriptor a select of `nfds` descriptors waits on (`selected_fd` in
