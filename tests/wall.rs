@@ -1058,6 +1058,13 @@ fn every_thread_of_a_puma_cluster_whose_worker_is_killed_and_replaced() {
         if pid != &master {
             assert!(starts.len() >= 3, "worker {pid}: threads {starts:?}");
         }
+        // Nor any thread /proc did not list (as the test this replaced
+        // checked every thread recorded): Puma starts none after it boots.
+        let unlisted: Vec<&String> = got.keys().filter(|t| !starts.contains_key(*t)).collect();
+        assert!(
+            unlisted.is_empty(),
+            "process {pid}: threads {unlisted:?} recorded, not in /proc: {got:?}"
+        );
         for (tid, start) in starts {
             let want = end.min(*death) - start.max(begun);
             let s = got.get(tid).copied().unwrap_or(0) as f64 / 1e6;
