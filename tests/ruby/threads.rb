@@ -5,12 +5,17 @@ require "zlib"
 
 def alpha_work
   x = 0
-  200_000.times { |i| x += i }
+  20_000.times { |i| x += i }
   x
 end
 
 def alpha_loop
   # Let beta take the GVL now and then: it hands it back while deflating.
+  # Ruby 3.4's zlib takes the GVL back for each chunk it deflates, so beta
+  # gets a chunk per pass: with a pass every 200,000 additions it ran 0.07 s
+  # a second (the frames test then took 6 s alone, 33 s beside another
+  # suite), every 20,000 about 0.5 s. The other Rubies run beta on a CPU of
+  # its own either way.
   loop { alpha_work; Thread.pass }
 end
 
