@@ -23,16 +23,20 @@
 # suite's programs on that CPU make a few of its waits long and the split's
 # error grows (ci66: 5.7 points beside frames.rs; README, "Storms of short
 # waits").
+# The host-wide suites need no idle CPU, only no other Ruby: the suites
+# that start no Ruby (the unit tests, whose reader fuzzing takes 35 s) run
+# beside them, in their own lane. The doc tests run there too.
 # The lanes are balanced by the suites' times in CI beside each other
 # (ci55: 670 and 690 s; frames.rs 510 s, wall.rs 330; ci124: 434 and 449 s,
 # so wall.rs's Unix socket and file tests, 10 s, moved to lane A as
 # SUITE:FILTER); a suite not named runs in lane B.
 set -uo pipefail
 cargo=${CARGO:-cargo}
-lane_a="frames install layouts diff syscall browser top launch errors rprof
+lane_a="frames install layouts diff syscall browser top launch errors cpu
         wall:unix_socket wall:file_device_and_pipe"
-alone="agent processes:every_ruby_on_the_host_now_and_as_they_start gc servers
-       frames:code_churn_never_mislabels recordings:memory_stays_flat_under_code_churn
+host_wide="agent processes:every_ruby_on_the_host_now_and_as_they_start"
+rubyless="rprof flamegraphs ruby_structs rbspy_structs"
+alone="gc servers frames:code_churn_never_mislabels recordings:memory_stays_flat_under_code_churn
        wall:short_waits"
 logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT
@@ -93,7 +97,7 @@ place() {
     done
 }
 
-# Runs the suites of lane $1 (a, b or alone) in order; the log holds their
+# Runs the suites of lane $1 (a, b, host_wide, rubyless or alone) in order; the log holds their
 # output, the status file a line per failed suite.
 run_lane() {
     local lane=$1 name kind src dir exe want args
@@ -101,6 +105,8 @@ run_lane() {
         want=b
         args=()
         place a "$lane_a"
+        place host_wide "$host_wide"
+        place rubyless "$rubyless"
         place alone "$alone"
         [ "$want" = "$lane" ] || continue
         run_suite "$name" "$kind" "$src" "$dir" "$exe" "${args[@]}" || echo "$name" >>"$logs/failed"
@@ -112,9 +118,15 @@ lane_a_pid=$!
 run_lane b >"$logs/b" &
 lane_b_pid=$!
 wait "$lane_a_pid" "$lane_b_pid"
+run_lane host_wide >"$logs/host_wide" &
+host_wide_pid=$!
+{
+    run_lane rubyless
+    "$cargo" test --release --locked --workspace --doc 2>&1 || echo doc-tests >>"$logs/failed"
+} >"$logs/rubyless"
+wait "$host_wide_pid"
 run_lane alone >"$logs/alone"
-"$cargo" test --release --locked --workspace --doc >"$logs/doc" 2>&1 || echo doc-tests >>"$logs/failed"
-cat "$logs/a" "$logs/b" "$logs/alone" "$logs/doc"
+cat "$logs/a" "$logs/b" "$logs/host_wide" "$logs/rubyless" "$logs/alone"
 
 echo
 echo "make test: one line per suite"
@@ -131,7 +143,7 @@ awk '
         sub(/; 0 measured; 0 filtered out/, "")
         printf "  %-28s %s%s\n", suite, $0, failed[suite]
     }
-' "$logs/a" "$logs/b" "$logs/alone" "$logs/doc"
+' "$logs/a" "$logs/b" "$logs/host_wide" "$logs/rubyless" "$logs/alone"
 if [ -s "$logs/failed" ]; then
     echo "failed suites: $(tr '\n' ' ' <"$logs/failed")"
     exit 1
