@@ -41,76 +41,80 @@ alone="gc servers frames:code_churn_never_mislabels recordings:memory_stays_flat
 logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT
 
-# Each test binary as "name<TAB>kind<TAB>source<TAB>package dir<TAB>executable".
+# The plan: each suite's tests per lane, as "lane<TAB>suite<TAB>heading<TAB>
+# package dir<TAB>executable<TAB>file of the tests' exact names". A suite is
+# a unit-test binary, or a module of the integration tests' one binary
+# (tests/suites.rs: frames.rs is the module `frames`); SUITE:FILTER is the
+# suite's tests whose names contain FILTER.
 "$cargo" test --release --locked --workspace --no-run --message-format=json 2>"$logs/build" >"$logs/json"
 status=$?
 if [ "$status" -ne 0 ]; then
     cat "$logs/build"
     exit "$status"
 fi
-# In name order: cargo lists them as their builds end, which differs from one
-# machine to the next, and with it which suites run beside each other (the
-# official CI's frames.rs met processes.rs's CPU-bound Rubies, this
+# In name order: cargo lists binaries as their builds end, which differs from
+# one machine to the next, and with it which suites run beside each other
+# (the official CI's frames.rs met processes.rs's CPU-bound Rubies, this
 # machine's did not); every machine now runs the same pairs.
-python3 - "$logs/json" >"$logs/binaries" <<'EOF'
-import json, os, sys
-rows = []
+LANE_A=$lane_a HOST_WIDE=$host_wide RUBYLESS=$rubyless ALONE=$alone \
+python3 - "$logs/json" "$logs" >"$logs/plan" <<'EOF' || exit 1
+import json, os, subprocess, sys
+lanes = {lane: os.environ[var].split() for lane, var in
+         [("a", "LANE_A"), ("host_wide", "HOST_WIDE"), ("rubyless", "RUBYLESS"), ("alone", "ALONE")]}
+suites = {}
 for line in open(sys.argv[1]):
     m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m.get("executable") and m.get("profile", {}).get("test"):
-        t = m["target"]
-        rows.append([t["name"], t["kind"][0], t["src_path"], os.path.dirname(m["manifest_path"]), m["executable"]])
-for row in sorted(rows):
-    print("\t".join(row))
+    if m.get("reason") != "compiler-artifact" or not m.get("executable") or not m.get("profile", {}).get("test"):
+        continue
+    t, exe = m["target"], m["executable"]
+    listed = subprocess.run([exe, "--list", "--format", "terse"], capture_output=True, text=True, check=True)
+    names = [l[: -len(": test")] for l in listed.stdout.splitlines() if l.endswith(": test")]
+    for name in names:
+        if t["kind"][0] == "test" and t["name"] == "suites":
+            suite, short = name.split("::", 1)
+            heading = f"Running tests/{suite}.rs ({exe})"
+        elif t["kind"][0] == "test":
+            suite, short = t["name"], name
+            heading = f"Running tests/{os.path.basename(t['src_path'])} ({exe})"
+        else:
+            suite, short = t["name"], name
+            heading = f"Running unittests {os.path.basename(t['src_path'])} ({exe})"
+        key = (suite, heading, os.path.dirname(m["manifest_path"]), exe)
+        suites.setdefault(key, []).append((short, name))
+
+def lane_of(suite, short):
+    # SUITE:FILTER entries first: they take tests from a suite placed whole.
+    for lane, entries in lanes.items():
+        if any(e.startswith(suite + ":") and e.split(":", 1)[1] in short for e in entries):
+            return lane
+    for lane, entries in lanes.items():
+        if suite in entries:
+            return lane
+    return "b"
+
+for n, (key, tests) in enumerate(sorted(suites.items())):
+    by_lane = {}
+    for short, name in tests:
+        by_lane.setdefault(lane_of(key[0], short), []).append(name)
+    for lane, names in sorted(by_lane.items()):
+        path = os.path.join(sys.argv[2], f"tests-{n}-{lane}")
+        with open(path, "w") as f:
+            f.write("\n".join(names) + "\n")
+        print("\t".join([lane, *key, path]))
 EOF
 
-# Runs one suite as cargo would (from its package's directory), with
-# cargo's heading, so that the summary below reads both alike; more
-# arguments go to the test binary.
-run_suite() {
-    local name=$1 kind=$2 src=$3 dir=$4 exe=$5
-    shift 5
-    if [ "$kind" = test ]; then
-        echo "     Running tests/$(basename "$src") ($exe)"
-    else
-        echo "     Running unittests $(basename "$src") ($exe)"
-    fi
-    (cd "$dir" && "$exe" --test-threads=1 "$@") 2>&1
-}
-
-# Whether the suite $name goes in lane $1 by the entries $2 (SUITE, or
-# SUITE:FILTER for those tests only, which the suite's other lanes skip):
-# sets `want` and adds to `args`, run_lane's.
-place() {
-    local target=$1 entry
-    for entry in $2; do
-        if [ "$entry" = "$name" ]; then
-            want=$target
-        elif [ "${entry%%:*}" = "$name" ]; then
-            if [ "$lane" = "$target" ]; then
-                want=$target
-                args+=("${entry#*:}")
-            else
-                args+=(--skip "${entry#*:}")
-            fi
-        fi
-    done
-}
-
-# Runs the suites of lane $1 (a, b, host_wide, rubyless or alone) in order; the log holds their
-# output, the status file a line per failed suite.
+# Runs the suites of lane $1 (a, b, host_wide, rubyless or alone) in order,
+# each as cargo would (from its package's directory, under cargo's heading,
+# so that the summary below reads both alike); the log holds their output,
+# the status file a line per failed suite.
 run_lane() {
-    local lane=$1 name kind src dir exe want args
-    while IFS=$'\t' read -r name kind src dir exe; do
-        want=b
-        args=()
-        place a "$lane_a"
-        place host_wide "$host_wide"
-        place rubyless "$rubyless"
-        place alone "$alone"
+    local lane=$1 want suite heading dir exe tests
+    while IFS=$'\t' read -r want suite heading dir exe tests; do
         [ "$want" = "$lane" ] || continue
-        run_suite "$name" "$kind" "$src" "$dir" "$exe" "${args[@]}" || echo "$name" >>"$logs/failed"
-    done <"$logs/binaries"
+        echo "     $heading"
+        mapfile -t names <"$tests"
+        (cd "$dir" && "$exe" --test-threads=1 --exact "${names[@]}") 2>&1 || echo "$suite" >>"$logs/failed"
+    done <"$logs/plan"
 }
 
 run_lane a >"$logs/a" &
@@ -140,7 +144,8 @@ awk '
     /^test .* \.\.\. FAILED$/ { failed[suite] = failed[suite] "\n    failed: " $2 }
     /^test result:/ {
         sub(/^test result: /, "")
-        sub(/; 0 measured; 0 filtered out/, "")
+        # Each suite runs its tests by name: what it filtered out is other suites.
+        sub(/; 0 measured; [0-9]+ filtered out/, "")
         printf "  %-28s %s%s\n", suite, $0, failed[suite]
     }
 ' "$logs/a" "$logs/b" "$logs/host_wide" "$logs/rubyless" "$logs/alone"

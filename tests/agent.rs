@@ -2,7 +2,7 @@
 //! interval, pushed to a Pyroscope receiver (tests/agent/receiver.rs) that
 //! checks each push as Pyroscope does, and fails or stays silent on demand.
 
-mod common;
+use crate::common;
 #[path = "agent/receiver.rs"]
 mod receiver;
 

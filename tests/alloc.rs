@@ -2,7 +2,7 @@
 //! that made it and its class at the leaf, counted on real programs whose
 //! allocations are known.
 
-mod common;
+use crate::common;
 
 use std::io::Write;
 use std::process::Stdio;

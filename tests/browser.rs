@@ -5,7 +5,7 @@
 //! show the recording; a screenshot of each is kept (in the test target's
 //! directory) for a person to look at.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpListener, TcpStream};

@@ -2,7 +2,7 @@
 //! 3.1: sample shares, per-thread stacks, deep stacks, and recordings that end
 //! because the target exits or the user presses Ctrl-C.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -3,7 +3,7 @@
 //! slower), compared as a user reads them: the table's top grower, the
 //! flame graph's colours, and nothing changed against itself.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::Output;

@@ -1,7 +1,7 @@
 //! Bad input and missing system pieces: one clear line, a non-zero exit, no
 //! panic, no hang, and nothing done to the target.
 
-mod common;
+use crate::common;
 
 use std::process::{Command, Output};
 

@@ -3,7 +3,7 @@
 //! Debian chroots, so their files live in another root, as in a container).
 //! Frames must be named as Ruby 3.4 names them, with the running line.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 

@@ -2,7 +2,7 @@
 //! collection ends in a `[GC: ...]` frame, under the Ruby stack that
 //! triggered it, saying what the collection was doing.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

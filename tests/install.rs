@@ -4,7 +4,7 @@
 //! tools or libelf; the binary records without root with exactly the
 //! capabilities README lists, and names the one missing.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader, Read};
 use std::os::unix::fs::PermissionsExt;

@@ -2,7 +2,7 @@
 //! through, its exit status becomes rprof's, a stop signal sent to rprof
 //! reaches it, and under sudo it runs as the user who ran sudo.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Output, Stdio};

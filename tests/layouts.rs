@@ -3,7 +3,7 @@
 //! group of offsets shifted by 8 bytes in turn (RPROF_LAYOUT_FILE), and
 //! another minor version's layout forced with --force-version.
 
-mod common;
+use crate::common;
 
 use common::{record_args, record_with_env, Ruby};
 

@@ -5,7 +5,7 @@
 //! `-O2 -fomit-frame-pointer` (tests/ruby/native_ext) and on Ruby's own C
 //! code: Array#sort, the GC, File.exist? with the GVL released.
 
-mod common;
+use crate::common;
 
 use common::{attach, label, record, signal, Folded, Ruby, Run};
 

@@ -2,7 +2,7 @@
 //! process a target forks is followed from its first instruction, named by
 //! its own PID, and never mixed with another.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::io::Write;

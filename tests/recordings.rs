@@ -4,7 +4,7 @@
 //! readable or one clear line; rotation and the flight recorder write
 //! complete profiles of the expected time windows in flat memory.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};

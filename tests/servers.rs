@@ -2,7 +2,7 @@
 //! Debian's puma and unicorn serving a small Rack app (tests/ruby/app.ru)
 //! under wrk, while workers die and masters re-exec themselves.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;

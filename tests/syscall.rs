@@ -1,7 +1,7 @@
 //! `rprof record ... syscall NAME`: every event, with the Ruby stack of the
 //! thread that made the call, never the GVL holder's.
 
-mod common;
+use crate::common;
 
 use std::io::Write;
 use std::process::{Command, Stdio};

@@ -1,7 +1,7 @@
 //! `rprof top`: the live view, driven in tmux as a person over SSH sees it
 //! (80x24), and as plain text when stdout is not a terminal.
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 use std::time::{Duration, Instant};

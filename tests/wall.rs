@@ -1,7 +1,7 @@
 //! `rprof record ... wall`: every thread's time, on CPU or not, with the
 //! reason it waits read from the thread's own memory, on every Ruby.
 
-mod common;
+use crate::common;
 
 use std::io::{Read, Write};
 use std::net::TcpListener;
