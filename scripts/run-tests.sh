@@ -117,11 +117,14 @@ run_lane() {
     done <"$logs/plan"
 }
 
+phase() { printf '%s %d s; ' "$1" $((SECONDS - phase_began)) >>"$logs/phases"; phase_began=$SECONDS; }
+phase_began=$SECONDS
 run_lane a >"$logs/a" &
 lane_a_pid=$!
 run_lane b >"$logs/b" &
 lane_b_pid=$!
 wait "$lane_a_pid" "$lane_b_pid"
+phase "lanes a and b"
 run_lane host_wide >"$logs/host_wide" &
 host_wide_pid=$!
 {
@@ -129,7 +132,9 @@ host_wide_pid=$!
     "$cargo" test --release --locked --workspace --doc 2>&1 || echo doc-tests >>"$logs/failed"
 } >"$logs/rubyless"
 wait "$host_wide_pid"
+phase "host-wide beside Ruby-less"
 run_lane alone >"$logs/alone"
+phase alone
 cat "$logs/a" "$logs/b" "$logs/host_wide" "$logs/rubyless" "$logs/alone"
 
 echo
@@ -149,6 +154,7 @@ awk '
         printf "  %-28s %s%s\n", suite, $0, failed[suite]
     }
 ' "$logs/a" "$logs/b" "$logs/host_wide" "$logs/rubyless" "$logs/alone"
+echo "phases: $(cat "$logs/phases")"
 if [ -s "$logs/failed" ]; then
     echo "failed suites: $(tr '\n' ' ' <"$logs/failed")"
     exit 1
