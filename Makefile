@@ -58,7 +58,7 @@ test: deps test-deps tracefs lint
 lint:
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --release --locked --workspace --all-targets -- -D warnings
-	clang-format --dry-run --Werror bpf/rprof.bpf.c bpf/rprof.h bpf/native.bpf.h
+	clang-format --dry-run --Werror bpf/rprof.bpf.c bpf/rprof.h bpf/native.bpf.h bpf/threads.bpf.c
 
 bench: build
 	bench/overhead

@@ -1,6 +1,6 @@
-//! Compiles bpf/rprof.bpf.c and generates its libbpf-rs skeleton (with the Rust
-//! types of every struct in bpf/rprof.h) into OUT_DIR; records the git commit
-//! for `rprof --version`.
+//! Compiles bpf/rprof.bpf.c and bpf/threads.bpf.c and generates their
+//! libbpf-rs skeletons (with the Rust types of the structs of bpf/rprof.h
+//! they use) into OUT_DIR; records the git commit for `rprof --version`.
 use std::env;
 use std::path::PathBuf;
 use std::process::Command;
@@ -8,25 +8,32 @@ use std::process::Command;
 use libbpf_cargo::SkeletonBuilder;
 
 fn main() {
-    let out = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR")).join("rprof.skel.rs");
+    let out_dir = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
     let arch = env::var("CARGO_CFG_TARGET_ARCH").expect("cargo sets CARGO_CFG_TARGET_ARCH");
     let target_arch = match arch.as_str() {
         "x86_64" => "x86",
         "aarch64" => "arm64",
         other => other,
     };
-    SkeletonBuilder::new()
-        .source("bpf/rprof.bpf.c")
-        .clang_args([
-            "-Ibpf".to_string(),
-            format!("-D__TARGET_ARCH_{target_arch}"),
-            "-Wall".to_string(),
-            "-O2".to_string(),
-            // Compare-and-swap and exchange (the wall sweep) need BPF ISA v3.
-            "-mcpu=v3".to_string(),
-        ])
-        .build_and_generate(&out)
-        .expect("compiling bpf/rprof.bpf.c (needs clang and libbpf headers: run `make deps`)");
+    // rprof.bpf.c, and threads.bpf.c: the layout proof's thread lister,
+    // loaded on its own before rprof.bpf.c's programs (see its head).
+    for name in ["rprof", "threads"] {
+        let out = out_dir.join(format!("{name}.skel.rs"));
+        SkeletonBuilder::new()
+            .source(format!("bpf/{name}.bpf.c"))
+            .clang_args([
+                "-Ibpf".to_string(),
+                format!("-D__TARGET_ARCH_{target_arch}"),
+                "-Wall".to_string(),
+                "-O2".to_string(),
+                // Compare-and-swap and exchange (the wall sweep) need BPF ISA v3.
+                "-mcpu=v3".to_string(),
+            ])
+            .build_and_generate(&out)
+            .unwrap_or_else(|e| {
+                panic!("compiling bpf/{name}.bpf.c (needs clang and libbpf headers: run `make deps`): {e}")
+            });
+    }
     println!("cargo:rerun-if-changed=bpf");
     println!("cargo:rustc-env=RPROF_COMMIT={}", git_commit());
 }

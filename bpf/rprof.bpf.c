@@ -2802,29 +2802,3 @@ int BPF_PROG(on_thread_exit, struct task_struct *task)
 	bpf_map_delete_elem(&wall_seeds, &tid);
 	return 0;
 }
-
-/* The process whose threads `thread_pointers` lists (key 0). */
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, __u32);
-} iter_tgid SEC(".maps");
-
-/* Each thread's thread pointer, read from its task without stopping it: the
- * layout proof follows every thread's TLS to its EC, as the sampler will. */
-SEC("iter/task")
-int thread_pointers(struct bpf_iter__task *ctx)
-{
-	struct task_struct *task = ctx->task;
-	struct rprof_thread_pointer out = {};
-	__u32 zero = 0;
-	__u32 *tgid = bpf_map_lookup_elem(&iter_tgid, &zero);
-
-	if (!task || !tgid || task->tgid != *tgid)
-		return 0;
-	out.tid = task->pid;
-	out.tp = BPF_CORE_READ(task, thread.fsbase);
-	bpf_seq_write(ctx->meta->seq, &out, sizeof(out));
-	return 0;
-}

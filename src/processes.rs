@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 
-use crate::bpf::{types, Probe};
+use crate::bpf::{types, Probe, ThreadLister};
 use crate::error::UserError;
 use crate::gc_time::GcTime;
 use crate::process::Process;
@@ -146,6 +146,9 @@ pub struct Processes {
     /// --all: which Rubies found are profiled (`rprof agent --only`,
     /// `--exclude`), by PID; None: all.
     pub admit: Option<Admit>,
+    /// Roots whose layout `prove_root` proved before the BPF programs were
+    /// loaded: `add_root` takes them as they are.
+    proven: Vec<ProcessId>,
 }
 
 /// Whether the Ruby in process PID is to be profiled.
@@ -182,10 +185,20 @@ impl PidUses {
     }
 }
 
+/// Refuses `target`, a root, if its layout is not proven within `within`.
+/// One that ended meanwhile (a short command rprof started) is not refused:
+/// nothing of it will be read.
+fn check(threads: &ThreadLister, target: &RubyTarget, within: Duration) -> Result<()> {
+    match prove(threads, target, within) {
+        Err(f) if target.process.is_alive_since(target.start_ticks) => Err(refusal(target, f).into()),
+        _ => Ok(()),
+    }
+}
+
 /// Proves `target`'s layout from its main thread's own thread pointer.
-fn prove(probe: &Probe, target: &RubyTarget, within: Duration) -> Result<(), Failure> {
+fn prove(threads: &ThreadLister, target: &RubyTarget, within: Duration) -> Result<(), Failure> {
     let started = Instant::now();
-    proof::prove(target, || probe.thread_pointers(target.process.pid), within)?;
+    proof::prove(target, || threads.list(target.process.pid), within)?;
     // RPROF_SAY_PROVEN: what the proof costs (BENCHMARKS.md).
     if std::env::var_os("RPROF_SAY_PROVEN").is_some() {
         eprintln!(
@@ -228,7 +241,26 @@ impl Processes {
             refused: Vec::new(),
             every_exec: false,
             admit: None,
+            proven: Vec::new(),
         }
+    }
+
+    /// Proves the layout of `target`, a root given with -p, before rprof's
+    /// BPF programs are loaded: one that does not fit is refused in a tenth
+    /// of a second, not after the kernel has verified them (a quarter of a
+    /// second to a second).
+    pub fn prove_root(
+        &mut self,
+        threads: &ThreadLister,
+        target: &RubyTarget,
+        within: Duration,
+    ) -> Result<()> {
+        check(threads, target, within)?;
+        self.proven.push(ProcessId {
+            pid: target.process.pid,
+            start_ticks: target.start_ticks,
+        });
+        Ok(())
     }
 
     /// How many processes are profiled now (their Ruby read).
@@ -251,17 +283,13 @@ impl Processes {
         follow: bool,
         within: Duration,
     ) -> Result<()> {
-        if let Err(f) = prove(probe, &target, within) {
-            // One that ended meanwhile (a short command rprof started) is
-            // not refused: nothing of it will be read.
-            if target.process.is_alive_since(target.start_ticks) {
-                return Err(refusal(&target, f).into());
-            }
-        }
         let id = ProcessId {
             pid: target.process.pid,
             start_ticks: target.start_ticks,
         };
+        if !self.proven.contains(&id) {
+            check(probe.threads(), &target, within)?;
+        }
         if follow {
             probe.follow(id.pid, id.start_ticks)?;
         }
@@ -296,7 +324,7 @@ impl Processes {
                 Ok(target)
                     if target.ready()
                         && target.start_ticks == start_ticks
-                        && prove(probe, &target, proof::ATTEMPTS_FOR).is_ok() =>
+                        && prove(probe.threads(), &target, proof::ATTEMPTS_FOR).is_ok() =>
                 {
                     let resolver = Resolver::new(&target);
                     self.start_profiling(probe, id, lineage, Ruby { target, resolver }, None)?;
@@ -604,7 +632,7 @@ impl Processes {
             if target.start_ticks == id.start_ticks && target.ready() {
                 // A Ruby still booting fails some checks: it is looked at
                 // again until its time runs out, and refused then.
-                if let Err(f) = prove(probe, &target, Duration::ZERO) {
+                if let Err(f) = prove(probe.threads(), &target, Duration::ZERO) {
                     if let Some(followed) = self.get(id.pid, id.start_ticks) {
                         let since = followed.refusal.as_ref().map_or(now, |(since, _)| *since);
                         followed.refusal = Some((since, refusal(&target, f).to_string()));

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Result;
 
-use crate::bpf::{self, Probe};
+use crate::bpf::{self, Probe, ThreadLister};
 use crate::cli::Format;
 use crate::launch::StopSignals;
 use crate::pace::{Every, Hold, Pace};
@@ -104,19 +104,24 @@ pub fn record(mut cfg: RecordConfig) -> Result<Option<ExitStatus>> {
             .and_then(|v| v.parse().ok())
             .unwrap_or(unwind::DEFAULT_ROWS)
     });
-    let mut probe = Probe::load(bpf::Options {
-        native_rows,
-        kernel: cfg.kernel,
-        wall: cfg.event.is_wall(),
-        traced: cfg.event.is_traced(),
-        follow_every_exec: matches!(cfg.target, Target::All),
-        alloc_every: cfg.event.alloc_every(),
-    })?;
-    let signals = StopSignals::install()?;
     let unwinder = native_rows.map(Unwinder::new);
     let mut processes = Processes::new(cfg.force_version.clone(), unwinder);
     processes.every_exec = matches!(cfg.target, Target::All);
     processes.admit = cfg.admit.take();
+    let threads = ThreadLister::load()?;
+    let given = roots::inspect_given(&cfg, &threads, &mut processes)?;
+    let mut probe = Probe::load(
+        bpf::Options {
+            native_rows,
+            kernel: cfg.kernel,
+            wall: cfg.event.is_wall(),
+            traced: cfg.event.is_traced(),
+            follow_every_exec: matches!(cfg.target, Target::All),
+            alloc_every: cfg.event.alloc_every(),
+        },
+        threads,
+    )?;
+    let signals = StopSignals::install()?;
     if cfg.subprocesses {
         probe.attach_process_tracking()?;
     }
@@ -125,7 +130,7 @@ pub fn record(mut cfg: RecordConfig) -> Result<Option<ExitStatus>> {
     if cfg.native || cfg.kernel {
         collector.native = Some((NativeNames::default(), cfg.native_all));
     }
-    let (child, roots) = roots::start(&cfg, &mut probe, &mut processes, &signals)?;
+    let (child, roots) = roots::start(&cfg, given, &mut probe, &mut processes, &signals)?;
     let first_pid = match (&cfg.target, &child) {
         (_, Some(c)) => c.id(),
         (Target::Pids(pids), None) => pids[0],

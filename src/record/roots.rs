@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 
 use super::{RecordConfig, Target};
-use crate::bpf::Probe;
+use crate::bpf::{Probe, ThreadLister};
 use crate::error::UserError;
 use crate::launch::{self, StopSignals};
 use crate::process::Process;
@@ -20,16 +20,36 @@ pub fn describe(t: &RubyTarget) -> String {
     format!("{} ({}, Ruby {})", t.process.pid, t.process.exe_name(), t.version)
 }
 
-/// Starts profiling process `pid` given with -p. Under --subprocesses a
-/// process that is not a Ruby rprof can read (a shell, a supervisor) is
-/// followed, and its Ruby children are profiled.
-pub fn add_root(
+/// The processes given with -p, inspected, and those that are Rubies
+/// proven, before rprof's BPF programs load (`Processes::prove_root`): a
+/// Ruby rprof cannot read is refused before the kernel verifies them.
+pub struct Given(Vec<(u32, Result<RubyTarget>)>);
+
+pub fn inspect_given(cfg: &RecordConfig, threads: &ThreadLister, processes: &mut Processes) -> Result<Given> {
+    let Target::Pids(pids) = &cfg.target else {
+        return Ok(Given(Vec::new()));
+    };
+    let mut given = Vec::new();
+    for &pid in pids {
+        let target = RubyTarget::inspect(pid, cfg.force_version.as_deref());
+        if let Ok(t) = &target {
+            processes.prove_root(threads, t, proof::ATTEMPTS_FOR)?;
+        }
+        given.push((pid, target));
+    }
+    Ok(Given(given))
+}
+
+/// Starts profiling process `pid` given with -p (`target`, as inspected).
+/// Under --subprocesses a process that is not a Ruby rprof can read (a
+/// shell, a supervisor) is followed, and its Ruby children are profiled.
+fn add_root(
     probe: &mut Probe,
     processes: &mut Processes,
-    pid: u32,
+    (pid, target): (u32, Result<RubyTarget>),
     cfg: &RecordConfig,
 ) -> Result<String> {
-    match RubyTarget::inspect(pid, cfg.force_version.as_deref()) {
+    match target {
         Ok(t) => {
             let name = describe(&t);
             processes.add_root(probe, t, cfg.subprocesses, proof::ATTEMPTS_FOR)?;
@@ -125,6 +145,7 @@ pub fn launch(argv: &[String], cfg: &RecordConfig, signals: &StopSignals) -> Res
 /// line names each root.
 pub fn start(
     cfg: &RecordConfig,
+    given: Given,
     probe: &mut Probe,
     processes: &mut Processes,
     signals: &StopSignals,
@@ -134,8 +155,8 @@ pub fn start(
     match &cfg.target {
         Target::All => roots = add_every_ruby(probe, processes, cfg),
         Target::Pids(pids) => {
-            for &pid in pids {
-                roots.push(add_root(probe, processes, pid, cfg)?);
+            for pid_target in given.0 {
+                roots.push(add_root(probe, processes, pid_target, cfg)?);
             }
             if cfg.subprocesses {
                 for &pid in pids {

@@ -28,6 +28,9 @@ use skel::{RprofSkel, RprofSkelBuilder};
 
 use crate::gc_time::Reading;
 
+mod threads;
+pub use threads::ThreadLister;
+
 // SAFETY: plain C structs of integers, as generated from the BPF header; any
 // bit pattern is a valid value.
 unsafe impl plain::Plain for types::rprof_proc {}
@@ -38,12 +41,12 @@ unsafe impl plain::Plain for types::rprof_thread_key {}
 unsafe impl plain::Plain for types::rprof_process_event {}
 unsafe impl plain::Plain for types::rprof_followed {}
 unsafe impl plain::Plain for types::rprof_native_frame {}
+unsafe impl plain::Plain for types::rprof_thread_pointer {}
 unsafe impl plain::Plain for types::rprof_unwind_row {}
 unsafe impl plain::Plain for types::rprof_unwind_rule {}
 unsafe impl plain::Plain for types::rprof_kernel_stack {}
 unsafe impl plain::Plain for types::rprof_unwind_file {}
 unsafe impl plain::Plain for types::rprof_space {}
-unsafe impl plain::Plain for types::rprof_thread_pointer {}
 unsafe impl plain::Plain for types::rprof_wall_thread {}
 unsafe impl plain::Plain for types::rprof_wall_task {}
 unsafe impl plain::Plain for types::rprof_wall_seed {}
@@ -147,6 +150,7 @@ pub struct Options {
 
 pub struct Probe {
     skel: &'static RprofSkel<'static>,
+    threads: ThreadLister,
     ring: RingBuffer<'static>,
     queue: Rc<RefCell<VecDeque<Vec<u8>>>>,
     /// How many of the queue's records (from the front) `unseen_waiting`
@@ -186,16 +190,8 @@ pub const EPOCH_SETTLE: Duration = Duration::from_millis(2);
 
 impl Probe {
     /// Loads the BPF program (not yet attached to anything).
-    pub fn load(options: Options) -> Result<Self> {
-        // libbpf's own messages (the verifier log) only with RPROF_DEBUG=1;
-        // RPROF_DEBUG=stats: the verifier's statistics of each program
-        // (instructions processed, time: rprof's start-up is mostly this).
-        let stats = std::env::var("RPROF_DEBUG").is_ok_and(|v| v == "stats");
-        if stats {
-            libbpf_rs::set_print(Some((libbpf_rs::PrintLevel::Debug, print_verifier_stats)));
-        } else if std::env::var_os("RPROF_DEBUG").is_none() {
-            libbpf_rs::set_print(None);
-        }
+    pub fn load(options: Options, threads: ThreadLister) -> Result<Self> {
+        let stats = set_libbpf_print();
         // The skeleton lives as long as rprof does; leaking it gives the ring
         // buffer and links the 'static borrows libbpf-rs asks for.
         let open_object = Box::leak(Box::new(MaybeUninit::uninit()));
@@ -322,6 +318,7 @@ impl Probe {
         let ring = builder.build().context("setting up the ring buffer")?;
         Ok(Self {
             skel,
+            threads,
             ring,
             queue,
             seen: Cell::new(0),
@@ -384,19 +381,9 @@ impl Probe {
         }
     }
 
-    /// (tid, thread pointer) of each thread of process `pid`, from the
-    /// kernel's task structs: the process is neither stopped nor touched.
-    pub fn thread_pointers(&self, pid: u32) -> Result<Vec<(u32, u64)>> {
-        self.skel
-            .maps
-            .iter_tgid
-            .update(&0u32.to_ne_bytes(), &pid.to_ne_bytes(), MapFlags::ANY)
-            .context("choosing the process whose threads to list")?;
-        let threads: Vec<types::rprof_thread_pointer> = run_iter(
-            &self.skel.progs.thread_pointers,
-            "listing the threads of a process",
-        )?;
-        Ok(threads.into_iter().map(|t| (t.tid, t.tp)).collect())
+    /// The proof's thread lister, loaded before this probe.
+    pub fn threads(&self) -> &ThreadLister {
+        &self.threads
     }
 
     /// Replaces the native thread -> rb_thread_t entries of process `pid`.
@@ -1061,6 +1048,20 @@ fn print_verifier_stats(_level: libbpf_rs::PrintLevel, msg: String) {
 }
 
 /// Runs a task iterator: the records it writes, each a `T`.
+/// libbpf's own messages (the verifier log) only with RPROF_DEBUG=1;
+/// RPROF_DEBUG=stats: the verifier's statistics of each program
+/// (instructions processed, time: rprof's start-up is mostly this), which
+/// it returns.
+fn set_libbpf_print() -> bool {
+    let stats = std::env::var("RPROF_DEBUG").is_ok_and(|v| v == "stats");
+    if stats {
+        libbpf_rs::set_print(Some((libbpf_rs::PrintLevel::Debug, print_verifier_stats)));
+    } else if std::env::var_os("RPROF_DEBUG").is_none() {
+        libbpf_rs::set_print(None);
+    }
+    stats
+}
+
 fn run_iter<T: plain::Plain + Default>(prog: &libbpf_rs::ProgramMut<'_>, what: &str) -> Result<Vec<T>> {
     let link = prog
         .attach_iter_with_opts(IterOpts::None)
