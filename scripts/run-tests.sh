@@ -29,11 +29,14 @@
 # The lanes are balanced by the suites' times in CI beside each other
 # (ci55: 670 and 690 s; frames.rs 510 s, wall.rs 330; ci124: 434 and 449 s,
 # so wall.rs's Unix socket and file tests, 10 s, moved to lane A as
-# SUITE:FILTER); a suite not named runs in lane B.
+# SUITE:FILTER; ci137, with cpu.rs in lane A: 486 and 468 s, then 36 s less
+# of layouts.rs in A, so two more wall.rs tests, 11 s, moved to A); a suite
+# not named runs in lane B.
 set -uo pipefail
 cargo=${CARGO:-cargo}
 lane_a="frames install layouts diff syscall browser top launch errors cpu
-        wall:unix_socket wall:file_device_and_pipe"
+        wall:unix_socket wall:file_device_and_pipe
+        wall:a_slow_detach_adds_nothing wall:speedscope_thread_in_time_order"
 host_wide="agent processes:every_ruby_on_the_host_now_and_as_they_start"
 rubyless="rprof flamegraphs ruby_structs rbspy_structs"
 alone="gc servers frames:code_churn_never_mislabels recordings:memory_stays_flat_under_code_churn
