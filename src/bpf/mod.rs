@@ -1047,7 +1047,6 @@ fn print_verifier_stats(_level: libbpf_rs::PrintLevel, msg: String) {
     }
 }
 
-/// Runs a task iterator: the records it writes, each a `T`.
 /// libbpf's own messages (the verifier log) only with RPROF_DEBUG=1;
 /// RPROF_DEBUG=stats: the verifier's statistics of each program
 /// (instructions processed, time: rprof's start-up is mostly this), which
@@ -1062,6 +1061,7 @@ fn set_libbpf_print() -> bool {
     stats
 }
 
+/// Runs a task iterator: the records it writes, each a `T`.
 fn run_iter<T: plain::Plain + Default>(prog: &libbpf_rs::ProgramMut<'_>, what: &str) -> Result<Vec<T>> {
     let link = prog
         .attach_iter_with_opts(IterOpts::None)

@@ -25,16 +25,28 @@ pub fn describe(t: &RubyTarget) -> String {
 /// Ruby rprof cannot read is refused before the kernel verifies them.
 pub struct Given(Vec<(u32, Result<RubyTarget>)>);
 
+/// Inspects and proves the processes given with -p; the first that cannot
+/// be profiled ends rprof here, before its programs load.
 pub fn inspect_given(cfg: &RecordConfig, threads: &ThreadLister, processes: &mut Processes) -> Result<Given> {
     let Target::Pids(pids) = &cfg.target else {
         return Ok(Given(Vec::new()));
     };
     let mut given = Vec::new();
     for &pid in pids {
-        let target = RubyTarget::inspect(pid, cfg.force_version.as_deref());
-        if let Ok(t) = &target {
-            processes.prove_root(threads, t, proof::ATTEMPTS_FOR)?;
-        }
+        let target = match RubyTarget::inspect(pid, cfg.force_version.as_deref()) {
+            Ok(t) => {
+                processes.prove_root(threads, &t, proof::ATTEMPTS_FOR)?;
+                Ok(t)
+            }
+            // Under --subprocesses its Ruby children are followed.
+            Err(e)
+                if cfg.subprocesses
+                    && matches!(e.downcast_ref::<UserError>(), Some(UserError::NotRuby { .. })) =>
+            {
+                Err(e)
+            }
+            Err(e) => return Err(e),
+        };
         given.push((pid, target));
     }
     Ok(Given(given))
