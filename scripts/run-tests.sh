@@ -88,6 +88,15 @@ for line in open(sys.argv[1]):
         key = (suite, heading, os.path.dirname(m["manifest_path"]), exe)
         suites.setdefault(key, []).append((short, name))
 
+# With `autotests = false`, a tests/NAME.rs that tests/suites.rs does not
+# name as a module would never run: that ends the run.
+for key in {k for k in suites if f"/deps/suites-" in k[3]}:
+    tests_dir = os.path.join(key[2], "tests")
+    in_binary = {k[0] for k in suites if k[3] == key[3]}
+    for f in sorted(os.listdir(tests_dir)):
+        if f.endswith(".rs") and f != "suites.rs" and f[:-3] not in in_binary:
+            sys.exit(f"tests/{f} is not a module of tests/suites.rs: add `mod {f[:-3]};` there")
+
 def lane_of(suite, short):
     # SUITE:FILTER entries first: they take tests from a suite placed whole.
     for lane, entries in lanes.items():
@@ -145,7 +154,7 @@ wait "$host_wide_pid"
 phase "host-wide beside Ruby-less"
 "$cargo" test --release --locked --workspace --doc >"$logs/doc" 2>&1 || echo doc-tests >>"$logs/failed"
 run_lane alone >"$logs/alone"
-phase alone
+phase "doc tests and alone"
 cat "$logs/a" "$logs/b" "$logs/host_wide" "$logs/rubyless" "$logs/doc" "$logs/alone"
 
 echo
