@@ -68,11 +68,14 @@ import json, os, subprocess, sys
 lanes = {lane: os.environ[var].split() for lane, var in
          [("a", "LANE_A"), ("host_wide", "HOST_WIDE"), ("rubyless", "RUBYLESS"), ("alone", "ALONE")]}
 suites = {}
+integration = None  # (package dir, executable) of tests/suites.rs
 for line in open(sys.argv[1]):
     m = json.loads(line)
     if m.get("reason") != "compiler-artifact" or not m.get("executable") or not m.get("profile", {}).get("test"):
         continue
     t, exe = m["target"], m["executable"]
+    if t["kind"][0] == "test" and t["name"] == "suites":
+        integration = (os.path.dirname(m["manifest_path"]), exe)
     listed = subprocess.run([exe, "--list", "--format", "terse"], capture_output=True, text=True, check=True)
     names = [l[: -len(": test")] for l in listed.stdout.splitlines() if l.endswith(": test")]
     for name in names:
@@ -90,10 +93,9 @@ for line in open(sys.argv[1]):
 
 # With `autotests = false`, a tests/NAME.rs that tests/suites.rs does not
 # name as a module would never run: that ends the run.
-for key in {k for k in suites if f"/deps/suites-" in k[3]}:
-    tests_dir = os.path.join(key[2], "tests")
-    in_binary = {k[0] for k in suites if k[3] == key[3]}
-    for f in sorted(os.listdir(tests_dir)):
+if integration:
+    in_binary = {k[0] for k in suites if k[3] == integration[1]}
+    for f in sorted(os.listdir(os.path.join(integration[0], "tests"))):
         if f.endswith(".rs") and f != "suites.rs" and f[:-3] not in in_binary:
             sys.exit(f"tests/{f} is not a module of tests/suites.rs: add `mod {f[:-3]};` there")
 
