@@ -6,7 +6,6 @@
 //! separate debug file if the target's system has one.
 
 use std::fs::File;
-use std::io::Read;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
@@ -92,14 +91,11 @@ impl Opened {
         inode: (String, u64),
         rules: &mut Rules,
     ) -> Result<Self> {
-        let (mut handle, _) = candidates
+        let (handle, _) = candidates
             .iter()
             .find_map(|c| File::open(c).ok().map(|f| (f, c)))
             .with_context(|| format!("opening {maps_path}"))?;
-        let mut data = Vec::new();
-        handle
-            .read_to_end(&mut data)
-            .with_context(|| format!("reading {maps_path}"))?;
+        let data = crate::elf::map(&handle).with_context(|| format!("mapping {maps_path}"))?;
         let name = maps_path
             .trim_end_matches(" (deleted)")
             .rsplit('/')
@@ -288,8 +284,9 @@ fn debug_file(data: &[u8], maps_path: &str, root: &Path) -> Option<PathBuf> {
     .filter(|p| {
         // A debug file of another build names the wrong functions.
         let Some(want) = id else { return true };
-        std::fs::read(p)
+        File::open(p)
             .ok()
+            .and_then(|f| crate::elf::map(&f).ok())
             .and_then(|d| build_id(&d))
             .is_some_and(|got| got == want)
     })
