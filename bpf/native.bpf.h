@@ -121,17 +121,32 @@ static long row_step(__u32 i, struct search_ctx *c)
 	return 0;
 }
 
-static __always_inline struct rprof_mapping *find_mapping(struct rprof_space *space, __u64 addr)
+/* How many of the mappings of `space` start at or below `addr`. A global
+ * function, which the verifier checks once: inlined into each frame's
+ * unwinding, its search was checked again at every path to it (over half
+ * of the --native program's checking, and a quarter second of its start). */
+__noinline __u64 mappings_below(struct rprof_space *space, __u64 addr)
 {
-	struct search_ctx c = {.space = space, .hi = space->count, .key = addr};
-	struct rprof_mapping *m;
+	struct search_ctx c = {.space = space, .key = addr};
 
+	if (!space)
+		return 0;
+	c.hi = space->count;
 	if (c.hi > RPROF_MAX_MAPPINGS)
 		c.hi = RPROF_MAX_MAPPINGS;
 	bpf_loop(MAPPING_SEARCH_STEPS, mapping_step, &c, 0);
-	if (c.lo == 0)
+	return c.lo;
+}
+
+static __always_inline struct rprof_mapping *find_mapping(struct rprof_space *space, __u64 addr)
+{
+	__u64 below = mappings_below(space, addr);
+	struct rprof_mapping *m;
+
+	if (below == 0 || below > RPROF_MAX_MAPPINGS)
 		return 0;
-	m = &space->mappings[(c.lo - 1) & (RPROF_MAX_MAPPINGS - 1)];
+	/* Masked: the verifier knows nothing of a global function's result. */
+	m = &space->mappings[(below - 1) & (RPROF_MAX_MAPPINGS - 1)];
 	return addr < m->end ? m : 0;
 }
 

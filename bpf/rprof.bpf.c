@@ -48,6 +48,15 @@ struct scratch {
 	__u8 cfps[2 * CFP_BYTES];
 	__u8 vstack[2 * RPROF_VSTACK_WINDOW];
 	__u64 ruby_hash; /* of the Ruby frames, for the native program (tail call) */
+	__u64 win_lo;	 /* vstack holds the target's [win_lo, win_hi), if not 0 */
+	__u64 win_hi;
+	__u64 frame_flags; /* ep[0] of the frame walk_frame reads */
+	/* ep[-2..0] (me_cref, specval, flags) of an env, and a word it points
+	 * to: here, not on the stack, as the kernel's verifier (6.18) fails
+	 * with "verifier bug: stack slot 1, total slots 0" on a read into the
+	 * stack of block_method_entry. */
+	__u64 env[3];
+	__u64 env_word;
 };
 
 struct {
@@ -223,11 +232,8 @@ struct walk_ctx {
 	struct scratch *s;
 	struct rprof_proc *p;
 	__u64 cfp;
-	__u64 win_lo;
-	__u64 win_hi;
 	__u64 hash;
-	__u64 th;	   /* the EC's rb_thread_t */
-	__u64 frame_flags; /* ep[0] of the frame walk_frame reads */
+	__u64 th; /* the EC's rb_thread_t */
 	__u32 n;
 	__u32 out;
 	__u32 failed;
@@ -281,59 +287,64 @@ static __always_inline __u64 cfp_field(struct scratch *s, __u32 base, __u32 off)
 	return *(__u64 *)(s->cfps + (at & (2 * CFP_BYTES - 8)));
 }
 
-/* ep[-2..0] (me_cref, specval, flags), from the copied value stack when it is there. */
-/* Out of the copied window: a read of the target's memory. */
-static __noinline int read_env_slow(__u64 lo, __u64 *env)
-{
-	return bpf_probe_read_user(env, 24, (void *)lo);
-}
-
-static __always_inline int read_env(struct walk_ctx *w, __u64 ep, __u64 env[3])
+/* s->env: ep[-2..0] (me_cref, specval, flags), from the copied value stack
+ * when it is there, else read from the target. */
+static __always_inline int read_env(struct scratch *s, __u64 ep)
 {
 	__u64 lo = ep - 16;
 
-	if (lo >= w->win_lo && ep + 8 <= w->win_hi) {
-		__u64 off = lo - w->win_lo;
+	if (lo >= s->win_lo && ep + 8 <= s->win_hi) {
+		__u64 off = lo - s->win_lo;
 		const __u64 *src;
 
 		if (off > RPROF_VSTACK_WINDOW - 24)
 			return -1;
-		src = (const __u64 *)(w->s->vstack + off);
-		env[0] = src[0];
-		env[1] = src[1];
-		env[2] = src[2];
+		src = (const __u64 *)(s->vstack + off);
+		s->env[0] = src[0];
+		s->env[1] = src[1];
+		s->env[2] = src[2];
 		return 0;
 	}
-	return read_env_slow(lo, env);
+	return bpf_probe_read_user(s->env, sizeof(s->env), (void *)lo);
 }
 
-/* The method entry of a Ruby frame, found as Ruby's rb_vm_frame_method_entry
- * does; w->frame_flags gets the frame's own env flags (ep[0]). */
-static __always_inline __u64 frame_method_entry(struct walk_ctx *w, __u64 ep)
+/* The method entry of a block's frame, whose env (in s->env) is not a
+ * method's: up its env chain, as Ruby's rb_vm_frame_method_entry does. A
+ * global function, which the verifier checks once: inlined into the frame
+ * walk, its loop was checked along every path that reached it, nine tenths
+ * of the sample program's checking and most of rprof's start. Methods'
+ * frames, most frames, never call it (a call per frame cost 4-10% more per
+ * sample at 30 frames). */
+__noinline __u64 block_method_entry(struct scratch *s, struct rprof_proc *p)
 {
-	struct rprof_proc *p = w->p;
-	__u64 env[3];
-
+	if (!s || !p)
+		return 0;
 	for (int depth = 0; depth < RPROF_ENV_CHAIN_MAX; depth++) {
-		if (read_env(w, ep, env))
-			return 0;
-		if (depth == 0)
-			w->frame_flags = env[2];
-		if (env[2] & p->env_flag_local)
-			return env[0]; /* cme, a cref userspace will reject, or an svar (see
-					  prepare_record) */
-		if (env[0] && !(env[0] & 7)) {
-			__u64 flags = 0;
+		__u64 cme = s->env[0], ep = s->env[1] & ~3ULL;
 
-			if (!bpf_probe_read_user(&flags, sizeof(flags), (void *)env[0]) &&
-			    (flags & p->imemo_ment_mask) == p->imemo_ment_value)
-				return env[0]; /* a block run as a method (define_method) */
-		}
-		ep = env[1] & ~3ULL;
-		if (!ep)
+		if (s->env[2] & p->env_flag_local)
+			return cme; /* cme, a cref userspace will reject, or an svar (see
+				       prepare_record) */
+		if (cme && !(cme & 7) &&
+		    !bpf_probe_read_user(&s->env_word, sizeof(s->env_word), (void *)cme) &&
+		    (s->env_word & p->imemo_ment_mask) == p->imemo_ment_value)
+			return cme; /* a block run as a method (define_method) */
+		if (!ep || depth == RPROF_ENV_CHAIN_MAX - 1 || read_env(s, ep))
 			return 0;
 	}
 	return 0;
+}
+
+/* The method entry of a Ruby frame; s->frame_flags gets the frame's own
+ * env flags (ep[0]). */
+static __always_inline __u64 frame_method_entry(struct scratch *s, struct rprof_proc *p, __u64 ep)
+{
+	if (read_env(s, ep))
+		return 0;
+	s->frame_flags = s->env[2];
+	if (s->env[2] & p->env_flag_local)
+		return s->env[0];
+	return block_method_entry(s, p);
 }
 
 /* One control frame, at `base` in the copied chunk. Returns 1 to stop. */
@@ -353,20 +364,18 @@ static __always_inline int walk_frame(struct walk_ctx *w, __u32 base)
 		 * written a pc to yet; userspace tells them apart. */
 		f.iseq = iseq;
 		f.pc = pc;
-		w->frame_flags = 0;
-		f.cme = frame_method_entry(w, ep);
-		if (w->frame_flags & p->frame_flag_finish)
+		s->frame_flags = 0;
+		f.cme = frame_method_entry(s, p, ep);
+		if (s->frame_flags & p->frame_flag_finish)
 			f.flags = RPROF_FRAME_FINISH;
 		if (p->cfp_jit_return && cfp_field(s, base, p->cfp_jit_return))
 			f.flags |= RPROF_FRAME_JIT;
 	} else {
-		__u64 env[3];
-
-		if (read_env(w, ep, env))
+		if (read_env(s, ep))
 			return 0;
-		if ((env[2] & p->frame_magic_mask) != p->frame_magic_cfunc)
+		if ((s->env[2] & p->frame_magic_mask) != p->frame_magic_cfunc)
 			return 0; /* dummy frame at the base of a stack */
-		f.cme = env[0];
+		f.cme = s->env[0];
 	}
 	if (w->out >= RPROF_MAX_FRAMES)
 		return 1;
@@ -532,6 +541,8 @@ static __always_inline void walk_stack(struct walk_ctx *w, __u64 ec, __u64 tp)
 	}
 
 	/* Every env lies below the leaf frame's: copy that much of the value stack at once. */
+	s->win_lo = 0;
+	s->win_hi = 0;
 	ep = cfp_field(s, 0, p->cfp_ep);
 	if (ep >= vm_stack && ep < end) {
 		__u64 hi = ep + 8, lo = hi - RPROF_VSTACK_WINDOW;
@@ -543,8 +554,8 @@ static __always_inline void walk_stack(struct walk_ctx *w, __u64 ec, __u64 tp)
 		if (len <= RPROF_VSTACK_WINDOW &&
 		    !bpf_probe_read_user(s->vstack, CLAMPED(len, RPROF_VSTACK_WINDOW),
 					 (void *)lo)) {
-			w->win_lo = lo;
-			w->win_hi = hi;
+			s->win_lo = lo;
+			s->win_hi = hi;
 		}
 	}
 
@@ -1096,24 +1107,37 @@ static __always_inline void add_time(__u64 hash, __u64 ns)
 		send_time(hash, ns);
 }
 
+/* wall: the index of the thread's slot for time of kind `key`, taken if it
+ * has none yet; RPROF_WALL_SLOTS if all are taken. A global function, which
+ * the verifier checks once: inlined, its loop was checked at each of the
+ * switch program's many paths to it (a quarter of that program's checking). */
+__noinline __u64 slot_index(struct rprof_wall_task *e, __u32 key)
+{
+	__u32 i;
+
+	for (i = 0; e && i < RPROF_WALL_SLOTS; i++) {
+		struct rprof_wall_slot *sl = &e->slots[i];
+
+		if (sl->key == key)
+			return i;
+		if (!sl->key) {
+			sl->hash = 0;
+			sl->key = key;
+			return i;
+		}
+	}
+	return RPROF_WALL_SLOTS;
+}
+
 /* wall: the thread's slot for time of kind `key`, taken if it has none
  * yet; 0 if all are taken (its time is then walked every time). */
 static __always_inline struct rprof_wall_slot *slot_of(struct rprof_wall_task *e, __u32 key)
 {
-	int i;
+	__u64 i = slot_index(e, key);
 
-	for (i = 0; i < RPROF_WALL_SLOTS; i++) {
-		struct rprof_wall_slot *sl = &e->slots[i];
-
-		if (sl->key == key)
-			return sl;
-		if (!sl->key) {
-			sl->hash = 0;
-			sl->key = key;
-			return sl;
-		}
-	}
-	return 0;
+	/* Masked: the verifier knows nothing of a global function's result,
+	 * and clang computes the address before the test. */
+	return i < RPROF_WALL_SLOTS ? &e->slots[i & (RPROF_WALL_SLOTS - 1)] : 0;
 }
 
 static __always_inline void missed_gvl_wait(struct rprof_proc *p, struct rprof_wall_task *e,
