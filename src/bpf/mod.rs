@@ -341,12 +341,7 @@ impl Probe {
             recipe.wall_since = monotonic_ns();
         }
         self.mark_pid(pid)?;
-        // SAFETY: rprof_proc is Plain.
-        let value = unsafe { plain::as_bytes(&recipe) };
-        self.skel
-            .maps
-            .procs
-            .update(&pid.to_ne_bytes(), value, MapFlags::ANY)
+        write_plain(&self.skel.maps.procs, &pid.to_ne_bytes(), &recipe, MapFlags::ANY)
             .with_context(|| format!("registering process {pid} with the BPF program"))
     }
 
@@ -415,13 +410,13 @@ impl Probe {
     pub fn follow(&mut self, pid: u32, start_ticks: u64) -> Result<()> {
         self.mark_pid(pid)?;
         let value = types::rprof_followed { start_ticks };
-        // SAFETY: rprof_followed is Plain.
-        let value = unsafe { plain::as_bytes(&value) };
-        self.skel
-            .maps
-            .followed
-            .update(&pid.to_ne_bytes(), value, MapFlags::ANY)
-            .with_context(|| format!("following the children of process {pid}"))
+        write_plain(
+            &self.skel.maps.followed,
+            &pid.to_ne_bytes(),
+            &value,
+            MapFlags::ANY,
+        )
+        .with_context(|| format!("following the children of process {pid}"))
     }
 
     /// Stops following the forks of `pid`.
@@ -460,9 +455,7 @@ impl Probe {
         let mut recipe = types::rprof_proc::default();
         if plain::copy_from_bytes(&mut recipe, &bytes).is_ok() && recipe.start_ticks == start_ticks {
             recipe.native_space = space;
-            // SAFETY: rprof_proc is Plain.
-            let value = unsafe { plain::as_bytes(&recipe) };
-            let _ = self.skel.maps.procs.update(&key, value, MapFlags::EXIST);
+            let _ = write_plain(&self.skel.maps.procs, &key, &recipe, MapFlags::EXIST);
         }
     }
 
@@ -491,22 +484,17 @@ impl Probe {
     }
 
     pub fn set_unwind_file(&mut self, id: u32, file: &types::rprof_unwind_file) -> Result<()> {
-        // SAFETY: rprof_unwind_file is Plain.
-        let value = unsafe { plain::as_bytes(file) };
-        self.skel
-            .maps
-            .unwind_files
-            .update(&id.to_ne_bytes(), value, MapFlags::ANY)
-            .context("registering an unwind table with BPF")
+        write_plain(
+            &self.skel.maps.unwind_files,
+            &id.to_ne_bytes(),
+            file,
+            MapFlags::ANY,
+        )
+        .context("registering an unwind table with BPF")
     }
 
     pub fn set_space(&mut self, id: u32, space: &types::rprof_space) -> Result<()> {
-        // SAFETY: rprof_space is Plain.
-        let value = unsafe { plain::as_bytes(space) };
-        self.skel
-            .maps
-            .spaces
-            .update(&id.to_ne_bytes(), value, MapFlags::ANY)
+        write_plain(&self.skel.maps.spaces, &id.to_ne_bytes(), space, MapFlags::ANY)
             .context("registering a process's mappings with BPF")
     }
 
@@ -620,8 +608,7 @@ impl Probe {
             let mut recipe = types::rprof_proc::default();
             if plain::copy_from_bytes(&mut recipe, &bytes).is_ok() && recipe.wall_since == 0 {
                 recipe.wall_since = now;
-                // SAFETY: rprof_proc is Plain.
-                let _ = procs.update(&key, unsafe { plain::as_bytes(&recipe) }, MapFlags::EXIST);
+                let _ = write_plain(procs, &key, &recipe, MapFlags::EXIST);
             }
         }
         let progs = &self.skel.progs;
@@ -668,15 +655,7 @@ impl Probe {
         let mut task = types::rprof_wall_task::default();
         let unchanged = matches!(open, Ok(Some(bytes)) if plain::copy_from_bytes(&mut task, &bytes).is_ok() && task.mark == mark);
         let seed = types::rprof_wall_seed { mark, hash };
-        // SAFETY: rprof_wall_seed is Plain.
-        let value = unsafe { plain::as_bytes(&seed) };
-        unchanged
-            && self
-                .skel
-                .maps
-                .wall_seeds
-                .update(&key, value, MapFlags::ANY)
-                .is_ok()
+        unchanged && write_plain(&self.skel.maps.wall_seeds, &key, &seed, MapFlags::ANY).is_ok()
     }
 
     /// `wall`: process `pid`'s GC clock when the recording stopped, for the
@@ -955,6 +934,17 @@ impl Probe {
             eprintln!("rprof: {e:#}");
         }
     }
+}
+
+/// `value` at `key` in `map`, whose values are a type shared with BPF.
+fn write_plain<T: plain::Plain>(
+    map: &impl MapCore,
+    key: &[u8],
+    value: &T,
+    flags: MapFlags,
+) -> libbpf_rs::Result<()> {
+    // SAFETY: the types of rprof.h are Plain: their bytes are their value.
+    map.update(key, unsafe { plain::as_bytes(value) }, flags)
 }
 
 /// `values` into an array map from index `first` on, in batches.
