@@ -1903,8 +1903,7 @@ static __always_inline __u64 call_arg(struct pt_regs *regs, __u32 i)
  * after any endbr64), with a cookie saying where the class and the flags
  * are (RPROF_ALLOC_*). Every call traps whatever is kept: 1 in
  * alloc_every is walked and weighs alloc_every. */
-SEC("uprobe")
-int on_alloc(struct pt_regs *ctx)
+static __always_inline int alloc_event(struct pt_regs *ctx)
 {
 	__u64 cookie = bpf_get_attach_cookie(ctx);
 	enum rprof_alloc_cookie flags_arg =
@@ -1922,6 +1921,22 @@ int on_alloc(struct pt_regs *ctx)
 	if (a.type == T_IMEMO)
 		a.klass = 0;
 	return on_event(ctx, 1, EVENT_ALLOC, &a);
+}
+
+/* alloc, where the kernel has uprobe.multi links (6.6+, and filtering by
+ * process): one link per process and file, closed with one grace period
+ * (a perf-event uprobe waits for one each, six per Ruby). */
+SEC("uprobe.multi")
+int on_alloc_multi(struct pt_regs *ctx)
+{
+	return alloc_event(ctx);
+}
+
+/* alloc, elsewhere: a perf-event uprobe per function. */
+SEC("uprobe")
+int on_alloc(struct pt_regs *ctx)
+{
+	return alloc_event(ctx);
 }
 
 static __always_inline void process_event(__u32 change, __u32 pid, __u64 start, __u32 parent,

@@ -3,7 +3,7 @@
 //! back stacks (ring buffer), counts (the `counts` map) and statistics.
 
 use std::cell::{Cell, RefCell};
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::mem::{size_of, MaybeUninit};
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, IntoRawFd, OwnedFd};
 use std::path::Path;
@@ -14,7 +14,7 @@ use anyhow::{anyhow, Context, Result};
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 use libbpf_rs::{
     AsRawLibbpf, Iter, IterOpts, Link, MapCore, MapFlags, RingBuffer, RingBufferBuilder, TracepointCategory,
-    TracepointOpts, UprobeOpts,
+    TracepointOpts,
 };
 
 #[allow(clippy::all, clippy::pedantic, non_camel_case_types, dead_code)]
@@ -29,7 +29,10 @@ use skel::{RprofSkel, RprofSkelBuilder};
 use crate::gc_time::Reading;
 
 mod threads;
+mod uprobes;
 pub use threads::ThreadLister;
+pub use uprobes::ProcessKey;
+use uprobes::ProcessProbes;
 
 // SAFETY: plain C structs of integers, as generated from the BPF header; any
 // bit pattern is a valid value.
@@ -157,8 +160,8 @@ pub struct Probe {
     /// has handed out already.
     seen: Cell<usize>,
     links: Vec<Link>,
-    /// `alloc`: the probes in each process (by PID), dropped with it.
-    process_links: HashMap<u32, Vec<Link>>,
+    /// `alloc`: the probes in each process, dropped with it.
+    process_probes: ProcessProbes,
     epoch: u64,
     /// Detached: nothing counts waits at their end any more, so a sweep
     /// counts every wait still open (`wall_final` in BPF).
@@ -275,8 +278,17 @@ impl Probe {
             open.progs.on_tracepoint.set_autoload(false);
             open.progs.on_tracepoint_native.set_autoload(false);
         }
-        if options.alloc_every.is_none() {
+        // alloc: one link per process and file where the kernel can
+        // (RPROF_UPROBE_MULTI=0: a uprobe per function, as before Linux 6.6;
+        // the tests run both).
+        let multi = options.alloc_every.is_some()
+            && std::env::var("RPROF_UPROBE_MULTI").map_or(true, |v| v != "0")
+            && uprobes::multi_links();
+        if options.alloc_every.is_none() || multi {
             open.progs.on_alloc.set_autoload(false);
+        }
+        if !multi {
+            open.progs.on_alloc_multi.set_autoload(false);
         }
         // The wall programs only for `wall`: verifying the switch program
         // (it walks a stack) takes the kernel about a second and a half.
@@ -323,7 +335,7 @@ impl Probe {
             queue,
             seen: Cell::new(0),
             links: Vec::new(),
-            process_links: HashMap::new(),
+            process_probes: ProcessProbes::new(multi),
             epoch: 0,
             detached: false,
             stop_ns: 0,
@@ -508,37 +520,34 @@ impl Probe {
         self.drop_process_probes(pid);
     }
 
-    /// `alloc`: probes the function at `offset` in `file` (a file offset)
-    /// in process `pid` only; its events carry `cookie` (RPROF_ALLOC_*).
-    pub fn attach_alloc(&mut self, pid: u32, file: &Path, offset: u64, cookie: u64) -> Result<()> {
-        let opts = UprobeOpts {
-            cookie,
-            ..Default::default()
+    /// `alloc`: probes the functions at `sites` in `file` (file offsets,
+    /// each with the cookie its events carry: RPROF_ALLOC_*) in `process`
+    /// only.
+    pub fn attach_alloc(&mut self, process: ProcessKey, file: &Path, sites: &[(u64, u64)]) -> Result<()> {
+        let progs = &self.skel.progs;
+        let prog = if self.process_probes.multi() {
+            &progs.on_alloc_multi
+        } else {
+            &progs.on_alloc
         };
-        let link = self
-            .skel
-            .progs
-            .on_alloc
-            .attach_uprobe_with_opts(pid as i32, file, offset as usize, opts)
-            .with_context(|| format!("probing {} at {offset:#x} in process {pid}", file.display()))?;
-        self.process_links.entry(pid).or_default().push(link);
-        Ok(())
+        self.process_probes.attach(prog, process, file, sites)
     }
 
-    /// Whether process `pid` has had its `alloc` probes attached (or
-    /// refused: see `no_alloc_probes`).
-    pub fn has_alloc_probes(&self, pid: u32) -> bool {
-        self.process_links.contains_key(&pid)
+    /// Whether `process` has had its `alloc` probes attached (or refused:
+    /// see `no_alloc_probes`), or has its last ones still closing.
+    pub fn has_alloc_probes(&self, process: ProcessKey) -> bool {
+        self.process_probes.has(process)
     }
 
-    /// Process `pid` cannot be probed: not tried again, its probes dropped.
-    pub fn no_alloc_probes(&mut self, pid: u32) {
-        self.process_links.insert(pid, Vec::new());
+    /// `process` cannot be probed: not tried again, its probes dropped.
+    pub fn no_alloc_probes(&mut self, process: ProcessKey) {
+        self.process_probes.refuse(process);
     }
 
-    /// The probes of process `pid`, which ended.
+    /// The probes of process `pid`, which ended or exec'd (closed on a
+    /// thread of their own: the kernel takes a grace period).
     pub fn drop_process_probes(&mut self, pid: u32) {
-        self.process_links.remove(&pid);
+        self.process_probes.drop_process(pid);
     }
 
     /// Samples every online CPU `frequency` times a second (cpu-clock).
@@ -928,7 +937,7 @@ impl Probe {
     /// Detaches from every event; what was collected can still be read.
     pub fn detach(&mut self) {
         self.links.clear();
-        self.process_links.clear();
+        self.process_probes.close_all();
         self.detached = true;
         if let Err(e) = self.write_bss() {
             eprintln!("rprof: {e:#}");

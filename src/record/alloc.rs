@@ -7,7 +7,7 @@ use std::path::Path;
 use anyhow::{Context, Result};
 
 use crate::address_space::AddressSpace;
-use crate::bpf::{types, Probe};
+use crate::bpf::{types, Probe, ProcessKey};
 use crate::error::UserError;
 use crate::process::Mapping;
 use crate::processes::Processes;
@@ -34,12 +34,13 @@ fn cookie(class_arg: u8, flags_arg: Option<u8>, fixed_type: u64) -> u64 {
 pub fn attach_new(probe: &mut Probe, processes: &mut Processes, roots: &[u32]) -> Result<()> {
     for f in processes.all() {
         let pid = f.id.pid;
+        let key = (pid, f.id.start_ticks);
         let Some(ruby) = &f.ruby else { continue };
-        if probe.has_alloc_probes(pid) {
+        if probe.has_alloc_probes(key) {
             continue;
         }
-        if let Err(e) = attach(probe, &ruby.target) {
-            probe.no_alloc_probes(pid);
+        if let Err(e) = attach(probe, key, &ruby.target) {
+            probe.no_alloc_probes(key);
             if roots.contains(&pid) {
                 return Err(e);
             }
@@ -50,7 +51,7 @@ pub fn attach_new(probe: &mut Probe, processes: &mut Processes, roots: &[u32]) -
 }
 
 /// Probes the allocation functions of one Ruby.
-fn attach(probe: &mut Probe, target: &RubyTarget) -> Result<()> {
+fn attach(probe: &mut Probe, key: ProcessKey, target: &RubyTarget) -> Result<()> {
     let pid = target.process.pid;
     let alloc = target.layout.alloc.as_ref().ok_or(UserError::AllocUnknownRuby {
         pid,
@@ -78,6 +79,9 @@ fn attach(probe: &mut Probe, target: &RubyTarget) -> Result<()> {
         sites.push((allocator, cookie(0, None, T_OBJECT)));
     }
     let maps = target.process.maps()?;
+    // By file (libruby, or a static ruby, holds them all): one link each
+    // where the kernel has uprobe.multi.
+    let mut by_file: Vec<(&Mapping, Vec<(u64, u64)>)> = Vec::new();
     for (addr, cookie) in sites {
         let m = maps
             .iter()
@@ -87,17 +91,28 @@ fn attach(probe: &mut Probe, target: &RubyTarget) -> Result<()> {
         target.process.read(addr, &mut first)?;
         let skip = if first == ENDBR64 { 4 } else { 0 };
         let offset = addr - m.start + m.offset + skip;
-        attach_in(probe, target, m, offset, cookie)?;
+        match by_file.iter_mut().find(|(f, _)| f.path == m.path) {
+            Some((_, offsets)) => offsets.push((offset, cookie)),
+            None => by_file.push((m, vec![(offset, cookie)])),
+        }
+    }
+    for (m, sites) in by_file {
+        attach_in(probe, key, target, m, &sites)?;
     }
     Ok(())
 }
 
-/// One probe, on the mapped file as this process sees it.
-fn attach_in(probe: &mut Probe, target: &RubyTarget, m: &Mapping, offset: u64, cookie: u64) -> Result<()> {
-    let pid = target.process.pid;
+/// The probes in one file, as this process sees it.
+fn attach_in(
+    probe: &mut Probe,
+    key: ProcessKey,
+    target: &RubyTarget,
+    m: &Mapping,
+    sites: &[(u64, u64)],
+) -> Result<()> {
     let mut last = None;
     for file in target.process.mapped_file_candidates(m) {
-        match probe.attach_alloc(pid, Path::new(&file), offset, cookie) {
+        match probe.attach_alloc(key, Path::new(&file), sites) {
             Ok(()) => return Ok(()),
             Err(e) => last = Some(e),
         }

@@ -1,0 +1,261 @@
+//! `alloc`'s probes, per followed process: attached in that process only,
+//! and closed away from the recording loop.
+//!
+//! Closing a uprobe makes the kernel wait for a grace period (0.11-0.15 s
+//! here), and perf-event uprobes close one at a time, six to a Ruby: the
+//! loop that waited for them left the next fork unprobed for 0.7 s at
+//! every exit. Where the kernel has uprobe.multi links, a process's probes
+//! are one link per file, closed with one grace period; wherever they are
+//! closed, it is on a thread of their own (`Closer`), and a process whose
+//! probes are still closing gets no new ones until they are gone (an
+//! exec'd Ruby mapping the same file would be counted by both).
+
+use std::collections::{HashMap, HashSet};
+use std::ffi::c_ulong;
+use std::mem::size_of;
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::path::Path;
+use std::sync::mpsc::{self, Sender};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use anyhow::{Context, Result};
+use libbpf_rs::{Link, ProgramMut, UprobeMultiOpts, UprobeOpts};
+
+/// A process as the probes know it: PID and start time (an exec keeps both,
+/// a reused PID does not).
+pub type ProcessKey = (u32, u64);
+
+/// Whether this kernel has uprobe.multi links that filter by process, as
+/// libbpf's own feature probe decides: a link on `/` (no ELF file) fails
+/// with EBADF where links exist (Linux 6.6); one with PID -1 fails with
+/// EINVAL where the PID filter is the process's, not the thread's (6.10, and
+/// the stable kernels it went back to). A thread filter would miss every
+/// allocation but the main thread's.
+pub fn multi_links() -> bool {
+    let Some(prog) = load_empty_multi_program() else {
+        return false;
+    };
+    let bad_path = c"/";
+    create_link(&prog, bad_path, None) == -libc::EBADF
+        && create_link(&prog, bad_path, Some(u32::MAX)) == -libc::EINVAL
+}
+
+/// `mov r0, 0; exit`, as a uprobe.multi program.
+fn load_empty_multi_program() -> Option<OwnedFd> {
+    let insns = [
+        libbpf_sys::bpf_insn {
+            code: (libbpf_sys::BPF_ALU64 | libbpf_sys::BPF_MOV | libbpf_sys::BPF_K) as u8,
+            ..Default::default()
+        },
+        libbpf_sys::bpf_insn {
+            code: (libbpf_sys::BPF_JMP | libbpf_sys::BPF_EXIT) as u8,
+            ..Default::default()
+        },
+    ];
+    let mut opts = libbpf_sys::bpf_prog_load_opts {
+        sz: size_of::<libbpf_sys::bpf_prog_load_opts>() as _,
+        expected_attach_type: libbpf_sys::BPF_TRACE_UPROBE_MULTI,
+        ..Default::default()
+    };
+    // SAFETY: the instructions and options outlive the call; the name may be null.
+    let fd = unsafe {
+        libbpf_sys::bpf_prog_load(
+            libbpf_sys::BPF_PROG_TYPE_KPROBE,
+            std::ptr::null(),
+            c"GPL".as_ptr(),
+            insns.as_ptr(),
+            insns.len() as _,
+            &mut opts,
+        )
+    };
+    // SAFETY: a non-negative return is a new descriptor, ours alone.
+    (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// A uprobe.multi link of `prog` at offset 0 of `path`: its negative errno,
+/// or 0 if one was made (and closed).
+fn create_link(prog: &OwnedFd, path: &std::ffi::CStr, pid: Option<u32>) -> i32 {
+    use std::os::fd::AsRawFd;
+    let offset: c_ulong = 0;
+    let mut opts = libbpf_sys::bpf_link_create_opts {
+        sz: size_of::<libbpf_sys::bpf_link_create_opts>() as _,
+        ..Default::default()
+    };
+    opts.__bindgen_anon_1.uprobe_multi = libbpf_sys::bpf_link_create_opts__bindgen_ty_1__bindgen_ty_3 {
+        path: path.as_ptr(),
+        offsets: &offset,
+        cnt: 1,
+        pid: pid.unwrap_or(0),
+        ..Default::default()
+    };
+    // SAFETY: the options and what they point to outlive the call.
+    let fd = unsafe {
+        libbpf_sys::bpf_link_create(prog.as_raw_fd(), -1, libbpf_sys::BPF_TRACE_UPROBE_MULTI, &opts)
+    };
+    if fd >= 0 {
+        // SAFETY: a new descriptor, ours alone.
+        drop(unsafe { OwnedFd::from_raw_fd(fd) });
+        return 0;
+    }
+    fd
+}
+
+/// Each followed process's probes.
+pub struct ProcessProbes {
+    /// One link per file (uprobe.multi) rather than one per function.
+    multi: bool,
+    live: HashMap<u32, (u64, Vec<Link>)>,
+    /// Processes whose probes the closer has not closed yet.
+    closing: Arc<Mutex<HashSet<ProcessKey>>>,
+    closer: Option<Closer>,
+}
+
+/// The thread that closes links, one batch (a process's) after another.
+struct Closer {
+    batches: Sender<(ProcessKey, Vec<Link>)>,
+    thread: JoinHandle<()>,
+}
+
+impl ProcessProbes {
+    pub fn new(multi: bool) -> Self {
+        Self {
+            multi,
+            live: HashMap::new(),
+            closing: Arc::default(),
+            closer: None,
+        }
+    }
+
+    pub fn multi(&self) -> bool {
+        self.multi
+    }
+
+    /// Probes `sites` (file offsets, BPF cookies) of `file` in `process`
+    /// only, with `prog` (the uprobe.multi program where `multi`).
+    pub fn attach(
+        &mut self,
+        prog: &ProgramMut<'_>,
+        process: ProcessKey,
+        file: &Path,
+        sites: &[(u64, u64)],
+    ) -> Result<()> {
+        let (pid, start) = process;
+        let links = if self.multi {
+            let opts = UprobeMultiOpts {
+                offsets: sites.iter().map(|&(offset, _)| offset as usize).collect(),
+                cookies: sites.iter().map(|&(_, cookie)| cookie).collect(),
+                ..Default::default()
+            };
+            let link = prog
+                .attach_uprobe_multi_with_opts(pid as i32, file, "", opts)
+                .with_context(|| format!("probing {} in process {pid}", file.display()))?;
+            vec![link]
+        } else {
+            sites
+                .iter()
+                .map(|&(offset, cookie)| {
+                    let opts = UprobeOpts {
+                        cookie,
+                        ..Default::default()
+                    };
+                    prog.attach_uprobe_with_opts(pid as i32, file, offset as usize, opts)
+                        .with_context(|| {
+                            format!("probing {} at {offset:#x} in process {pid}", file.display())
+                        })
+                })
+                .collect::<Result<Vec<_>>>()?
+        };
+        let entry = self.live.entry(pid).or_insert_with(|| (start, Vec::new()));
+        entry.1.extend(links);
+        Ok(())
+    }
+
+    /// Whether `process` has probes, was refused them (`refuse`), or has
+    /// some still closing: in each case it gets none now.
+    pub fn has(&self, process: ProcessKey) -> bool {
+        self.live.contains_key(&process.0) || self.closing().contains(&process)
+    }
+
+    /// `process` cannot be probed: not tried again.
+    pub fn refuse(&mut self, process: ProcessKey) {
+        self.live.insert(process.0, (process.1, Vec::new()));
+    }
+
+    /// The probes of process `pid`, which ended or exec'd: closed by the
+    /// closer thread.
+    pub fn drop_process(&mut self, pid: u32) {
+        let Some((start, links)) = self.live.remove(&pid) else {
+            return;
+        };
+        if links.is_empty() {
+            return;
+        }
+        let key = (pid, start);
+        if self.closer.is_none() {
+            self.closer = Closer::start(Arc::clone(&self.closing));
+        }
+        let Some(closer) = &self.closer else {
+            // No thread could be made: closed here, as before.
+            drop(links);
+            return;
+        };
+        self.closing().insert(key);
+        if let Err(mpsc::SendError((_, links))) = closer.batches.send((key, links)) {
+            // The thread is gone (it cannot panic: it only drops links).
+            drop(links);
+            self.closing().remove(&key);
+        }
+    }
+
+    /// Every probe closed, the closer's batches too: the recording's end.
+    /// The live ones are closed on up to `CLOSERS` threads side by side,
+    /// so that the grace periods of uprobe.multi links overlap (perf-event
+    /// uprobes close one at a time whatever closes them).
+    pub fn close_all(&mut self) {
+        const CLOSERS: usize = 16;
+        let mut shares: Vec<Vec<Link>> = (0..CLOSERS).map(|_| Vec::new()).collect();
+        for (i, link) in self.live.drain().flat_map(|(_, (_, links))| links).enumerate() {
+            shares[i % CLOSERS].push(link);
+        }
+        std::thread::scope(|s| {
+            for share in shares.into_iter().filter(|l| !l.is_empty()) {
+                // A thread that cannot be made drops its closure, and with
+                // it the links, here.
+                let _ = std::thread::Builder::new().spawn_scoped(s, move || drop(share));
+            }
+        });
+        if let Some(closer) = self.closer.take() {
+            drop(closer.batches);
+            let _ = closer.thread.join();
+        }
+    }
+
+    fn closing(&self) -> std::sync::MutexGuard<'_, HashSet<ProcessKey>> {
+        // Poisoned only if a holder panicked, and none can: the set is whole.
+        self.closing.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Closer {
+    /// None if the system can make no thread.
+    fn start(closing: Arc<Mutex<HashSet<ProcessKey>>>) -> Option<Self> {
+        let (batches, rx) = mpsc::channel::<(ProcessKey, Vec<Link>)>();
+        let thread = std::thread::Builder::new()
+            .name("rprof-uprobes".into())
+            .spawn(move || {
+                for (key, links) in rx {
+                    drop(links);
+                    closing.lock().unwrap_or_else(|e| e.into_inner()).remove(&key);
+                }
+            })
+            .ok()?;
+        Some(Self { batches, thread })
+    }
+}
+
+impl Drop for ProcessProbes {
+    fn drop(&mut self) {
+        self.close_all();
+    }
+}
