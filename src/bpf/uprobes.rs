@@ -146,6 +146,10 @@ impl ProcessProbes {
         sites: &[(u64, u64)],
     ) -> Result<()> {
         let (pid, start) = process;
+        // Links left of an earlier process on this PID (its exit unseen).
+        if self.live.get(&pid).is_some_and(|(was, _)| *was != start) {
+            self.drop_process(pid);
+        }
         let links = if self.multi {
             let opts = UprobeMultiOpts {
                 offsets: sites.iter().map(|&(offset, _)| offset as usize).collect(),
@@ -180,7 +184,10 @@ impl ProcessProbes {
     /// Whether `process` has probes, was refused them (`refuse`), or has
     /// some still closing: in each case it gets none now.
     pub fn has(&self, process: ProcessKey) -> bool {
-        self.live.contains_key(&process.0) || self.closing().contains(&process)
+        self.live
+            .get(&process.0)
+            .is_some_and(|(start, _)| *start == process.1)
+            || self.closing().contains(&process)
     }
 
     /// `process` cannot be probed: not tried again.
