@@ -113,7 +113,13 @@ pub struct ProcessProbes {
     /// Held by an attach of perf-event uprobes, and by each of their closes.
     gate: Arc<Gate>,
     closer: Option<Closer>,
+    /// The closer's queue was full once (`MAX_QUEUED`), and rprof said so.
+    said_slow: bool,
 }
+
+/// Processes whose perf-event uprobes may wait for the closer: the end of a
+/// recording waits 0.7 s for each.
+const MAX_QUEUED: usize = 8;
 
 /// The thread that closes the links of processes that ended or exec'd.
 struct Closer {
@@ -129,6 +135,7 @@ impl ProcessProbes {
             closing: Arc::default(),
             gate: Arc::default(),
             closer: None,
+            said_slow: false,
         }
     }
 
@@ -213,6 +220,23 @@ impl ProcessProbes {
             drop(links);
             return;
         };
+        // Perf-event uprobes of processes that end faster than the kernel
+        // removes them (0.7 s each): the queue would grow without end, and
+        // the recording's end wait for all of it. Past a few, they are
+        // removed here, holding the loop as before (said once).
+        if !self.multi && self.closing().len() >= MAX_QUEUED {
+            if !self.said_slow {
+                self.said_slow = true;
+                eprintln!(
+                    "rprof: processes end faster than this kernel removes their allocation probes \
+                     (no uprobe.multi links before Linux 6.6): forks may be probed late, their first \
+                     allocations not seen"
+                );
+            }
+            let _held = self.gate.close();
+            drop(links);
+            return;
+        }
         self.closing().insert(key);
         if let Err(mpsc::SendError((_, links))) = closer.batches.send((key, links)) {
             // The thread is gone (it cannot panic: it only drops links).
