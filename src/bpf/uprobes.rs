@@ -342,9 +342,18 @@ impl Closer {
             .spawn(move || {
                 while let Ok(first) = rx.recv() {
                     let waiting: Vec<_> = std::iter::once(first).chain(rx.try_iter()).collect();
+                    if !multi {
+                        // One process after another, each free for new
+                        // probes (an exec) as soon as its own are gone.
+                        for (key, links) in waiting {
+                            close(links, false, &gate);
+                            lock(&closing).remove(&key);
+                        }
+                        continue;
+                    }
                     let keys: Vec<ProcessKey> = waiting.iter().map(|(key, _)| *key).collect();
                     let links = waiting.into_iter().flat_map(|(_, links)| links).collect();
-                    close(links, multi, &gate);
+                    close(links, true, &gate);
                     let mut closing = lock(&closing);
                     for key in keys {
                         closing.remove(&key);
