@@ -46,6 +46,12 @@ fn load_with(port: u16, seconds: u32, connections: u32) -> std::process::Child {
 /// in about 60 runs of the Rails test: a worker with 1 ms of CPU in 10 s).
 /// Then wrk starts again, at most five times.
 fn load_on_every_worker(port: u16, workers: &[String]) -> std::process::Child {
+    load_on_every_worker_past(port, workers, 0.02)
+}
+
+/// `load_on_every_worker`, once each worker has used `cpu` seconds of CPU
+/// since wrk started.
+fn load_on_every_worker_past(port: u16, workers: &[String], cpu: f64) -> std::process::Child {
     let pids: Vec<u32> = workers
         .iter()
         .map(|w| w.parse().expect("a worker's pid"))
@@ -56,7 +62,7 @@ fn load_on_every_worker(port: u16, workers: &[String]) -> std::process::Child {
         let deadline = Instant::now() + Duration::from_secs(2);
         while Instant::now() < deadline {
             // 20 ms of CPU: more than an idle worker's second.
-            if watches.iter().all(|w| w.seconds() >= 0.02) {
+            if watches.iter().all(|w| w.seconds() >= cpu) {
                 return wrk;
             }
             std::thread::sleep(Duration::from_millis(50));
@@ -161,9 +167,10 @@ fn lineages(run: &common::Run, pid: &str) -> Vec<Vec<String>> {
     all.into_iter().collect()
 }
 
-/// A Puma cluster under load, recorded for 5 s from its master with
+/// A Puma cluster under load, recorded from its master with
 /// `--subprocesses --processes` and `args`, while a worker is killed and
-/// re-forked: (the recording, the master, its first two workers, the replacement).
+/// re-forked, until every live worker has served: (the recording, the
+/// master, its first two workers, the replacement).
 fn record_puma_with_a_killed_worker(args: &[&str]) -> (common::Run, u32, Vec<String>, String) {
     let port = free_port();
     let dir = tempfile::tempdir().expect("tempdir");
@@ -171,15 +178,30 @@ fn record_puma_with_a_killed_worker(args: &[&str]) -> (common::Run, u32, Vec<Str
     let master = puma.pid;
     let first = workers(&mut puma, 2);
     // Attached to the running cluster: its workers exist already.
-    let mut all = vec!["--subprocesses", "--processes", "-F", "499", "-d", "5"];
+    let mut all = vec!["--subprocesses", "--processes", "-F", "499", "-d", "60"];
     all.extend_from_slice(args);
     let rprof = attach(master, &all);
-    let mut wrk = load(port, 4);
+    let mut wrk = load_on_every_worker_past(port, &first, 0.2);
     // A worker dies; Puma forks a replacement, which must be followed too.
     std::thread::sleep(Duration::from_millis(1500));
     signal(first[0].parse().expect("a pid"), libc::SIGKILL);
     let replacement = workers(&mut puma, 1).remove(0);
+    let _ = wrk.kill();
     let _ = wrk.wait();
+    // wrk reconnects as soon as a worker dies, and the surviving worker
+    // took every connection before the replacement had booted (ci3 of
+    // 2026-12-01: the replacement served nothing in --native's run): a new
+    // wrk, until both serve, and a second of it. Both must have used 0.2 s
+    // of CPU since it started: a replacement loads the app after it says
+    // it booted, and 20 ms of that passed for serving (a run by hand: the
+    // replacement again with nothing). A serving worker uses 0.5-1 s of CPU
+    // in the 2 s each wrk is given.
+    let live = [first[1].clone(), replacement.clone()];
+    let mut wrk = load_on_every_worker_past(port, &live, 0.2);
+    std::thread::sleep(Duration::from_secs(1));
+    let _ = wrk.kill();
+    let _ = wrk.wait();
+    rprof.interrupt();
     let run = rprof.finish();
     assert!(run.success, "{}", run.stderr);
     (run, master, first, replacement)
