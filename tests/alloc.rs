@@ -158,7 +158,8 @@ fn sampled_counts_are_scaled() {
 /// probed too late (measured: 3 of 10 children counted in full, twice).
 /// rprof probes a fork 10-20 ms after it here (the fork's record read, then
 /// one link, which takes the kernel a grace period to attach: children
-/// allocating 10 ms after their fork, 4 of 10 counted; 20 ms, 10 of 10):
+/// allocating 10 ms after their fork, 4 to 9 of 10 counted in 4 runs;
+/// 20 ms, 10 of 10 in 5; bench/alloc-forks):
 /// 0.2 s leaves room for a busy machine.
 #[test]
 fn short_lived_forks_counted_whole() {
@@ -169,7 +170,7 @@ fn short_lived_forks_counted_whole() {
 /// uprobe.multi (Linux 6.6) get; closed away from the loop too, one at a
 /// time, a grace period each. A fork waits for the close under way
 /// (0.11-0.15 s) and its own six attaches: children allocating 0.1 s after
-/// their fork, 8 of 10 counted in each of 2 runs; 0.2 s, 10 of 10 in 4; so
+/// their fork, 8 to 10 of 10 counted in 4 runs; 0.2 s, 10 of 10 in 5; so
 /// 0.5 s, for a busy machine.
 #[test]
 fn short_lived_forks_counted_whole_without_multi_links() {

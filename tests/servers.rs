@@ -46,6 +46,7 @@ fn load_with(port: u16, seconds: u32, connections: u32) -> std::process::Child {
 /// in about 60 runs of the Rails test: a worker with 1 ms of CPU in 10 s).
 /// Then wrk starts again, at most five times.
 fn load_on_every_worker(port: u16, workers: &[String]) -> std::process::Child {
+    // 20 ms of CPU: more than an idle worker's second.
     load_on_every_worker_past(port, workers, 0.02)
 }
 
@@ -61,7 +62,6 @@ fn load_on_every_worker_past(port: u16, workers: &[String], cpu: f64) -> std::pr
         let mut wrk = load_with(port, 12, 6);
         let deadline = Instant::now() + Duration::from_secs(2);
         while Instant::now() < deadline {
-            // 20 ms of CPU: more than an idle worker's second.
             if watches.iter().all(|w| w.seconds() >= cpu) {
                 return wrk;
             }
