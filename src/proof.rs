@@ -21,7 +21,7 @@ use ruby_structs::Layout;
 use crate::address_space::AddressSpace;
 use crate::gc_time::GcClock;
 use crate::process::Process;
-use crate::resolve::memory::{Class, Header, Memory};
+use crate::resolve::memory::{Class, Header, IdNames, Memory};
 use crate::target::{EcAccess, RubyTarget};
 
 /// `VM_FRAME_MAGIC_*` of every frame kind: the same in every Ruby rprof
@@ -146,7 +146,13 @@ impl Prover<'_> {
                 .header(v)
                 .ok_or_else(|| Failure(format!("the object at {v:#x} cannot be read")))
         };
-        match self.mem.class(object, header(object)?) {
+        let known = Default::default();
+        let mut read = Vec::new();
+        let mut ids = IdNames {
+            known: &known,
+            read: &mut read,
+        };
+        match self.mem.class(object, header(object)?, &mut ids) {
             Class::Named(Some((name, _))) if name == "Object" => {}
             other => {
                 return fail(format!(
@@ -155,7 +161,7 @@ impl Prover<'_> {
             }
         }
         let meta = self.u64_at(object + RBASIC_KLASS, "Object's class")?;
-        match self.mem.class(meta, header(meta)?) {
+        match self.mem.class(meta, header(meta)?, &mut ids) {
             Class::Singleton(Some(attached)) if attached == object => Ok(()),
             other => fail(format!(
                 "Object's singleton class reads as {other:?}, not attached to Object (class, value)"

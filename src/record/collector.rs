@@ -57,9 +57,9 @@ pub struct Collector {
     /// --native/--kernel: what names native frames, and whether to keep the
     /// interpreter's own (--native-all).
     pub native: Option<(NativeNames, bool)>,
-    /// Ruby frames named whole, by what they are (see `name_ruby`); emptied
-    /// every epoch.
-    named_ruby: HashMap<u64, Rc<Vec<RubyFrame>>>,
+    /// Ruby frames named whole, by what they are (see `name_ruby`); kept
+    /// while used.
+    named_ruby: HashMap<u64, NamedRuby>,
     /// `wall`: time of waits not walked, by kind, to share out as the epoch
     /// closes, with the epochs it has waited for a walked stack of its kind.
     wall_pending: Vec<(WallKind, u64, u32)>,
@@ -532,15 +532,21 @@ impl Collector {
         let mut key = std::collections::hash_map::DefaultHasher::new();
         let time_flags = types::rprof_sample_flags::RPROF_SAMPLE_GC_EDGE.0
             | types::rprof_sample_flags::RPROF_SAMPLE_GC_MOVING.0;
-        (h.pid, h.start_ticks, h.gc_time, h.flags & time_flags).hash(&mut key);
+        (h.pid, h.start_ticks, h.flags & time_flags).hash(&mut key);
         for f in &s.frames {
             (f.iseq, f.pc, f.cme, f.flags).hash(&mut key);
         }
         let key = key.finish();
-        if let Some(named) = self.named_ruby.get(&key) {
-            return (named.clone(), Vec::new());
-        }
         let time = sample_time(s);
+        let old = s.code_is_old();
+        if let Some(named) = self.named_ruby.get_mut(&key) {
+            let same =
+                named.time == time || (named.old && old && resolver.same_old_objects(named.time, time));
+            if same {
+                named.used = self.generation;
+                return (named.frames.clone(), Vec::new());
+            }
+        }
         let reads = resolver.reads();
         let frames = if s.has(types::rprof_sample_flags::RPROF_SAMPLE_GC_MOVING) {
             resolver.moving_stack(&s.frames, time)
@@ -551,7 +557,7 @@ impl Collector {
         // GC can free before rprof reads it (src/pace.rs). Young code named
         // from earlier readings (a program that does not allocate runs the
         // same young code between GCs) can wait.
-        self.urgent |= resolver.reads() != reads && !s.code_is_old();
+        self.urgent |= resolver.reads() != reads && !old;
         let mut unknown = Vec::new();
         let mut ruby = Vec::with_capacity(frames.len());
         for (named, raw) in frames.into_iter().zip(&s.frames) {
@@ -577,7 +583,13 @@ impl Collector {
         }
         let ruby = Rc::new(ruby);
         if unknown.is_empty() {
-            self.named_ruby.insert(key, ruby.clone());
+            let named = NamedRuby {
+                frames: ruby.clone(),
+                time,
+                old,
+                used: self.generation,
+            };
+            self.named_ruby.insert(key, named);
         }
         (ruby, unknown)
     }
@@ -624,10 +636,10 @@ impl Collector {
             self.undelivered += self.waiting_counts.drain().map(|(_, n)| n).sum::<u64>();
         }
         self.share_pending(last, processes, probe)?;
-        self.named_ruby.clear();
         // Each epoch re-sends the stacks it sees: older ones can go.
         let keep = self.generation.saturating_sub(1);
         self.stacks.retain(|_, c| c.generation >= keep);
+        self.named_ruby.retain(|_, n| n.used >= keep);
         self.generation += 1;
         // Processes that ended are described no more, here or in a file.
         let mut ended = Vec::new();
@@ -660,6 +672,20 @@ struct CachedStack {
     /// `wall`: the thread and kind of time it counts (None: not a walked
     /// stack of the sample pending time is shared by).
     kind: Option<WallKind>,
+}
+
+/// A sample's Ruby frames as named, for later samples of the same frames:
+/// those of the same GC time, and, when every object was old at both, those
+/// of any time with no major GC in between (the GC time is part of a stack's
+/// hash in BPF, so a program that collects often sends the same stack anew
+/// after each collection; naming it again was most of a starved rprof's work).
+struct NamedRuby {
+    frames: Rc<Vec<RubyFrame>>,
+    time: SampleTime,
+    /// BPF saw every iseq and method entry old at `time`.
+    old: bool,
+    /// The generation (epoch) it was last used in.
+    used: u64,
 }
 
 /// The GC time a sample was taken at, as its frames' objects are named.

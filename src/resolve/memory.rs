@@ -9,7 +9,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 
 use super::lines::{self, LineTable};
-use crate::address_space::AddressSpace;
+use crate::address_space::{AddressSpace, PageCache};
 use crate::process::Process;
 use crate::target::{GlobalSymbols, RubyTarget};
 
@@ -84,8 +84,35 @@ pub struct Header {
     pub old: bool,
 }
 
+/// ID names: an ID names the same symbol for the life of the process, so a
+/// name once read is kept (`known`); names read inside a bracket wait in
+/// `read` until its second clock reading shows the GC stood still. A class's
+/// ivars are found by their names, which without these were read again for
+/// every ivar of every class named.
+pub struct IdNames<'a> {
+    pub known: &'a foldhash::HashMap<u64, Arc<str>>,
+    pub read: &'a mut Vec<(u64, Arc<str>)>,
+}
+
+impl IdNames<'_> {
+    /// The name of `id`, known or read by `read_name`.
+    pub fn get(&mut self, id: u64, read_name: impl FnOnce() -> Option<String>) -> Option<Arc<str>> {
+        if let Some(name) = self.known.get(&id) {
+            return Some(name.clone());
+        }
+        if let Some((_, name)) = self.read.iter().find(|(k, _)| *k == id) {
+            return Some(name.clone());
+        }
+        let name: Arc<str> = read_name()?.into();
+        self.read.push((id, name.clone()));
+        Some(name)
+    }
+}
+
 pub struct Memory {
     space: Rc<dyn AddressSpace>,
+    /// `space`, whose reads come from whole pages inside a bracket.
+    pages: Rc<PageCache>,
     layout: Layout,
     global_symbols: GlobalSymbols,
     /// Where `ruby_current_vm_ptr` is: Ruby 3.2 finds a class's name
@@ -95,8 +122,10 @@ pub struct Memory {
 
 impl Memory {
     pub fn new(space: Rc<dyn AddressSpace>, layout: Layout, global_symbols: GlobalSymbols) -> Self {
+        let pages = Rc::new(PageCache::new(space));
         Self {
-            space,
+            space: pages.clone(),
+            pages,
             layout,
             global_symbols,
             vm_ptr: None,
@@ -131,11 +160,14 @@ impl Memory {
     /// The same reader for another process with this one's layout (a fork).
     pub fn for_process(&self, process: Process) -> Self {
         Self {
-            space: Rc::new(process),
-            layout: self.layout.clone(),
-            global_symbols: self.global_symbols.clone(),
             vm_ptr: self.vm_ptr,
+            ..Self::new(Rc::new(process), self.layout.clone(), self.global_symbols.clone())
         }
+    }
+
+    /// A bracket's reads start (true) or end (false): see `PageCache`.
+    pub fn reading(&self, on: bool) {
+        self.pages.reading(on);
     }
 
     pub fn layout(&self) -> &Layout {
@@ -247,20 +279,20 @@ impl Memory {
     }
 
     /// A class, module or singleton class, as rb_gen_method_name needs it.
-    pub fn class(&self, klass: u64, h: Header) -> Class {
+    pub fn class(&self, klass: u64, h: Header, ids: &mut IdNames) -> Class {
         let v = &self.layout.value;
         let t = h.flags & v.type_mask;
         if t != v.t_class && t != v.t_module {
             return Class::Other;
         }
         if t == v.t_class && h.flags & v.fl_singleton != 0 {
-            return Class::Singleton(self.attached_object(klass, h.flags));
+            return Class::Singleton(self.attached_object(klass, h.flags, ids));
         }
-        Class::Named(self.class_name(klass, h.flags))
+        Class::Named(self.class_name(klass, h.flags, ids))
     }
 
     /// A class's name, as Ruby's classname(): (path, permanent).
-    fn class_name(&self, klass: u64, flags: u64) -> Option<(String, bool)> {
+    fn class_name(&self, klass: u64, flags: u64, ids: &mut IdNames) -> Option<(String, bool)> {
         let c = &self.layout.class;
         if let (Some(ext), Some(path_off)) = (c.ext_embedded, c.ext_classpath) {
             let ext = klass + ext as u64;
@@ -275,32 +307,32 @@ impl Memory {
             };
             return Some((self.rstring(path)?, permanent));
         }
-        let ivars = self.class_ivars(klass, flags)?;
-        if let Some((_, v)) = ivars.iter().find(|(k, _)| k == "__classpath__") {
+        let ivars = self.class_ivars(klass, flags, ids)?;
+        if let Some((_, v)) = ivars.iter().find(|(k, _)| &**k == "__classpath__") {
             return Some((self.rstring(*v)?, true));
         }
-        let (_, v) = ivars.iter().find(|(k, _)| k == "__tmp_classpath__")?;
+        let (_, v) = ivars.iter().find(|(k, _)| &**k == "__tmp_classpath__")?;
         Some((self.rstring(*v)?, false))
     }
 
     /// The object a singleton class belongs to.
-    fn attached_object(&self, klass: u64, flags: u64) -> Option<u64> {
+    fn attached_object(&self, klass: u64, flags: u64, ids: &mut IdNames) -> Option<u64> {
         let c = &self.layout.class;
         if let (Some(ext), Some(off)) = (c.ext_embedded, c.ext_attached_object) {
             return self.space.read_u64(klass + ext as u64 + off as u64).ok();
         }
-        let ivars = self.class_ivars(klass, flags)?;
+        let ivars = self.class_ivars(klass, flags, ids)?;
         ivars
             .into_iter()
-            .find(|(k, _)| k == "__attached__")
+            .find(|(k, _)| &**k == "__attached__")
             .map(|(_, v)| v)
     }
 
     /// (name, value) of a class's ivars: through its shape (3.2), or in its
     /// classext's st_table (before 3.2).
-    fn class_ivars(&self, klass: u64, flags: u64) -> Option<Vec<(String, u64)>> {
+    fn class_ivars(&self, klass: u64, flags: u64, ids: &mut IdNames) -> Option<Vec<(Arc<str>, u64)>> {
         if self.layout.shapes.is_some() {
-            return self.shaped_ivars(klass, flags);
+            return self.shaped_ivars(klass, flags, ids);
         }
         let c = &self.layout.class;
         let st = &self.layout.st_table;
@@ -327,7 +359,7 @@ impl Memory {
                 continue;
             }
             let key = word(base + st.entry_key as usize);
-            if let Some(name) = self.id_name(key) {
+            if let Some(name) = ids.get(key, || self.id_name(key)) {
                 out.push((name, word(base + st.entry_record as usize)));
             }
         }
@@ -337,7 +369,7 @@ impl Memory {
     /// Ruby 3.2's rb_ivar_lookup for a class: from the shape its flags name
     /// up to the root, each ivar shape names one ivar and its index in the
     /// classext's ivar array.
-    fn shaped_ivars(&self, klass: u64, flags: u64) -> Option<Vec<(String, u64)>> {
+    fn shaped_ivars(&self, klass: u64, flags: u64, ids: &mut IdNames) -> Option<Vec<(Arc<str>, u64)>> {
         let sh = self.layout.shapes.as_ref()?;
         let c = &self.layout.class;
         let vm = self.space.read_u64(self.vm_ptr?).ok()?;
@@ -361,7 +393,7 @@ impl Memory {
             if kind == sh.type_ivar && index > 0 {
                 let edge = u64_in(&raw, sh.edge_name as usize)?;
                 let value = self.space.read_u64(ivs + 8 * u64::from(index - 1)).ok()?;
-                out.push((self.id_name(edge)?, value));
+                out.push((ids.get(edge, || self.id_name(edge))?, value));
             }
             id = u32_in(&raw, sh.parent_id as usize)?;
         }

@@ -21,6 +21,7 @@ mod stitch;
 pub mod walk;
 
 use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
+use std::cell::Cell;
 use std::fmt;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -35,7 +36,7 @@ use crate::target::RubyTarget;
 use crate::unwind::Unwinder;
 use facts::{Facts, Stamp};
 use labels::Labels;
-use memory::{Class, Header, Iseq, Memory, MethodEntry};
+use memory::{Class, Header, IdNames, Iseq, Memory, MethodEntry};
 pub use native::NativeNames;
 pub use stitch::RubyFrame;
 
@@ -76,7 +77,7 @@ type Lookup<T> = Result<(T, u64, bool), Unknown>;
 const WHOLE_ISEQ: u64 = 0;
 
 /// What a Ruby frame's pc says about its line.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 enum PcTrust {
     /// The interpreter keeps the pc just past the instruction running (at
     /// the iseq's start before the first one runs), as Ruby's own
@@ -133,12 +134,21 @@ pub struct Resolver {
     names: HashMap<u64, Arc<str>>,
     pending_names: Vec<(u64, Arc<str>)>,
     labels: Labels,
+    /// Frames named, by identity (iseq, pc, method entry, flags, leaf, trust).
+    named_frames: HashMap<FrameKey, NamedFrame>,
+    pending_frames: Vec<(FrameKey, NamedFrame)>,
     serial: u64,
     /// While reading the target's memory: the GC time the reads happen at.
     now: Option<GcTime>,
     /// The GC time of the last tick, and when it was.
     ticked_at: GcTime,
     ticked: Instant,
+    /// When facts were last carried forward and pruned.
+    pruned: Instant,
+    /// The last pair of times `same_old_objects` found the same: a stack's
+    /// frames named together ask about the same pair (more readings never
+    /// make a proof false).
+    proven: Cell<Option<(SampleTime, SampleTime)>>,
     /// A sample was named since the last tick.
     named: bool,
     /// Stacks whose naming had to read the target's memory (what was known
@@ -152,6 +162,12 @@ pub struct Resolver {
 /// record of which collections were major coarser: facts are then read
 /// again, never trusted longer.
 const IDLE_TICK: Duration = Duration::from_millis(100);
+
+/// How often what is known is carried forward and pruned: a Rails worker
+/// collects 30 times a second, and pruning at each of its GC times was a
+/// seventh of a busy rprof's time. Facts not carried forward still answer
+/// through the major log; they are kept a little longer.
+const PRUNE_EVERY: Duration = Duration::from_millis(50);
 
 impl Resolver {
     pub fn new(target: &RubyTarget) -> Self {
@@ -174,10 +190,16 @@ impl Resolver {
             names: HashMap::new(),
             pending_names: Vec::new(),
             labels: Labels::default(),
+            named_frames: HashMap::new(),
+            pending_frames: Vec::new(),
             serial: 0,
             now: None,
             ticked_at: GcTime(0),
             ticked: Instant::now(),
+            pruned: Instant::now()
+                .checked_sub(PRUNE_EVERY)
+                .unwrap_or_else(Instant::now),
+            proven: Cell::new(None),
             named: true,
             reads: 0,
         };
@@ -207,10 +229,16 @@ impl Resolver {
             names: self.names.clone(),
             pending_names: Vec::new(),
             labels: Labels::default(),
+            named_frames: HashMap::new(),
+            pending_frames: Vec::new(),
             serial: self.serial,
             now: None,
             ticked_at: GcTime(0),
             ticked: Instant::now(),
+            pruned: Instant::now()
+                .checked_sub(PRUNE_EVERY)
+                .unwrap_or_else(Instant::now),
+            proven: Cell::new(None),
             named: true,
             reads: 0,
         };
@@ -226,6 +254,7 @@ impl Resolver {
     }
 
     fn read_clock(&mut self) -> Option<Reading> {
+        self.memory.reading(false);
         let space = self.memory.space();
         let r = match self.clock {
             Some(clock) => clock.read(&**space)?,
@@ -244,28 +273,36 @@ impl Resolver {
         }
         self.named = false;
         self.ticked = Instant::now();
+        self.note_mjit();
         let Some(r) = self.read_clock() else { return };
-        if r.unsettled || r.time == self.ticked_at {
+        if r.unsettled || r.time == self.ticked_at || self.pruned.elapsed() < PRUNE_EVERY {
             return;
         }
         self.ticked_at = r.time;
+        self.pruned = Instant::now();
         self.iseqs.tick(r.time, &self.log);
         self.methods.tick(r.time, &self.log);
         self.classes.tick(r.time, &self.log);
+        let log = &self.log;
+        self.named_frames.retain(|_, n| {
+            (n.old && n.time.holds(|t| log.describes(t, r.time, true, true)))
+                || n.time.latest.count() + 2 >= r.time.count()
+        });
         let live: HashSet<u64> = self.iseqs.serials().collect();
         self.lines.retain(|(serial, _), _| live.contains(serial));
         self.labels.forget_unused();
     }
 
-    /// Whether MJIT runs this process's code: set at boot, never cleared.
-    fn mjit_running(&mut self) -> bool {
+    /// Whether MJIT runs this process's code: set at boot, before any of
+    /// the program's code runs, and never cleared; looked at every tick
+    /// (a read per stack was a twentieth of a busy rprof's system calls).
+    fn note_mjit(&mut self) {
         if !self.mjit_on {
             let mut on = [0u8];
             self.mjit_on = self
                 .mjit
                 .is_some_and(|at| self.memory.space().read(at, &mut on).is_ok() && on[0] != 0);
         }
-        self.mjit_on
     }
 
     /// Names the frames of one sample taken at GC time `sample`: first from
@@ -279,7 +316,7 @@ impl Resolver {
         self.now = None;
         self.named = true;
         self.old_at_sample = old_objects(frames);
-        let mjit = self.mjit_running();
+        let mjit = self.mjit_on;
         let trust: Vec<PcTrust> = (0..frames.len())
             .map(|i| PcTrust::of(&frames[i], i == 0, mjit))
             .collect();
@@ -300,6 +337,7 @@ impl Resolver {
             let Some(before) = self.read_clock() else { break };
             if !before.unsettled {
                 self.now = Some(before.time);
+                self.memory.reading(true);
                 let fresh: Vec<_> = (0..frames.len())
                     .filter(|&i| out[i] == Err(Unknown::NotYet))
                     .map(|i| (i, self.frame(&frames[i], trust[i], sample, i == 0)))
@@ -331,6 +369,21 @@ impl Resolver {
             *f = Err(Unknown::Unreadable);
         }
         out
+    }
+
+    /// Whether the objects of a sample at `named`, every one old then, are
+    /// the same at `sample`, where BPF saw them old too: only a major GC
+    /// frees or moves an old object, so with none between the two, what
+    /// named the one names the other (`MajorLog::describes`).
+    pub fn same_old_objects(&self, named: SampleTime, sample: SampleTime) -> bool {
+        if self.proven.get() == Some((named, sample)) {
+            return true;
+        }
+        let same = named.holds(|a| sample.holds(|b| self.log.describes(a, b, true, true)));
+        if same {
+            self.proven.set(Some((named, sample)));
+        }
+        same
     }
 
     /// How many stacks needed reads of the target's memory to be named: one
@@ -390,6 +443,7 @@ impl Resolver {
             let before = self.read_clock().ok_or(Unknown::Unreadable)?;
             if !before.unsettled {
                 self.now = Some(before.time);
+                self.memory.reading(true);
                 let named = self.class_label(klass, sample);
                 self.now = None;
                 let after = self.read_clock();
@@ -432,7 +486,10 @@ impl Resolver {
     /// its `rb_thread_t`, which stays the same for the thread's life.
     pub fn ruby_thread(&mut self, th: u64) -> String {
         let name = self.read_clock().filter(|r| !r.unsettled).and_then(|before| {
-            let name = self.memory.thread_name(th)?;
+            self.memory.reading(true);
+            let name = self.memory.thread_name(th);
+            self.memory.reading(false);
+            let name = name?;
             let after = self.read_clock()?;
             bracket(before, after).map(|_| name)
         });
@@ -467,6 +524,7 @@ impl Resolver {
         self.classes.commit();
         self.lines.extend(self.pending_lines.drain(..));
         self.names.extend(self.pending_names.drain(..));
+        self.named_frames.extend(self.pending_frames.drain(..));
     }
 
     fn roll_back(&mut self) {
@@ -475,9 +533,44 @@ impl Resolver {
         self.classes.roll_back();
         self.pending_lines.clear();
         self.pending_names.clear();
+        self.pending_frames.clear();
     }
 
+    /// A frame as named before for the same identity, when that naming
+    /// holds at `sample` (see `NamedFrame`), else named now.
     fn frame(
+        &mut self,
+        f: &types::rprof_frame,
+        trust: PcTrust,
+        sample: SampleTime,
+        leaf: bool,
+    ) -> Result<Frame, Unknown> {
+        let key = (f.iseq, f.pc, f.cme, f.flags, leaf, trust);
+        let old = frame_is_old(f);
+        if let Some(n) = self.named_frames.get(&key) {
+            let same_time = n.time.earliest == sample.earliest && n.time.latest == sample.latest;
+            if same_time || (n.old && old && self.same_old_objects(n.time, sample)) {
+                return Ok(n.frame.clone());
+            }
+        }
+        let named = self.name_frame(f, trust, sample, leaf);
+        if let Ok(frame) = &named {
+            let n = NamedFrame {
+                frame: frame.clone(),
+                time: sample,
+                old,
+            };
+            // What a bracket's reads named waits for its commit.
+            if self.now.is_some() {
+                self.pending_frames.push((key, n));
+            } else {
+                self.named_frames.insert(key, n);
+            }
+        }
+        named
+    }
+
+    fn name_frame(
         &mut self,
         f: &types::rprof_frame,
         trust: PcTrust,
@@ -735,18 +828,22 @@ impl Resolver {
     }
 
     fn id_name(&mut self, id: u64) -> Result<Arc<str>, Unknown> {
-        if let Some(name) = self.names.get(&id) {
-            return Ok(name.clone());
+        let reading = self.now.is_some();
+        let memory = &self.memory;
+        let mut ids = IdNames {
+            known: &self.names,
+            read: &mut self.pending_names,
+        };
+        let mut needed_read = false;
+        let name = ids.get(id, || {
+            needed_read = true;
+            reading.then(|| memory.id_name(id)).flatten()
+        });
+        match name {
+            Some(name) => Ok(name),
+            None if needed_read && !reading => Err(Unknown::NotYet),
+            None => Err(Unknown::Unreadable),
         }
-        if let Some((_, name)) = self.pending_names.iter().find(|(k, _)| *k == id) {
-            return Ok(name.clone());
-        }
-        if self.now.is_none() {
-            return Err(Unknown::NotYet);
-        }
-        let name: Arc<str> = self.memory.id_name(id).ok_or(Unknown::Unreadable)?.into();
-        self.pending_names.push((id, name.clone()));
-        Ok(name)
     }
 
     fn iseq(&mut self, addr: u64, sample: SampleTime) -> Lookup<Rc<Iseq>> {
@@ -778,6 +875,10 @@ impl Resolver {
     }
 
     fn class(&mut self, addr: u64, sample: SampleTime) -> Lookup<Rc<Class>> {
+        let mut ids = IdNames {
+            known: &self.names,
+            read: &mut self.pending_names,
+        };
         lookup(
             &mut self.classes,
             &self.log,
@@ -786,7 +887,7 @@ impl Resolver {
             self.now,
             addr,
             sample,
-            |m, h| Some(Rc::new(m.class(addr, h))),
+            |m, h| Some(Rc::new(m.class(addr, h, &mut ids))),
         )
     }
 }
@@ -797,6 +898,28 @@ impl Resolver {
 struct Owner {
     at: u64,
     pinned: bool,
+}
+
+type FrameKey = (u64, u64, u64, u32, bool, PcTrust);
+
+/// A frame as named for a sample of `time`. It names a later sample's frame
+/// of the same identity taken at the same GC time, or, when BPF saw its iseq
+/// and method entry old at both samples, at any time with no major GC in
+/// between: the same objects, so the same name and line. A program that
+/// collects often sends its stacks anew after each collection, and a
+/// server's stacks differ in a few leaf frames: naming every frame again was
+/// most of a busy rprof's time.
+struct NamedFrame {
+    frame: Frame,
+    time: SampleTime,
+    old: bool,
+}
+
+/// BPF saw the frame's iseq and method entry (those it has) old.
+fn frame_is_old(f: &types::rprof_frame) -> bool {
+    use types::rprof_frame_flags as F;
+    (f.iseq == 0 || f.flags & F::RPROF_FRAME_ISEQ_OLD.0 != 0)
+        && (f.cme == 0 || f.flags & F::RPROF_FRAME_CME_OLD.0 != 0)
 }
 
 /// The iseqs and method entries BPF saw old when it sent the sample's record.

@@ -760,17 +760,7 @@ pub fn record_starved(pid: u32, args: &[&str], cpu: f64) -> Run {
     all.extend_from_slice(args);
     let mut rprof = attach_with_env(pid, &all, &[("RPROF_SAY_NAMED", "1")]);
     rprof.wait_stderr("rprof: named a whole stack");
-    for task in std::fs::read_dir(format!("/proc/{}/task", rprof.child.id())).expect("rprof's threads") {
-        let tid: libc::id_t = task
-            .expect("a thread")
-            .file_name()
-            .to_str()
-            .and_then(|t| t.parse().ok())
-            .expect("a tid");
-        // SAFETY: changes only the scheduling priority of one of rprof's threads.
-        let rc = unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, 19) };
-        assert_eq!(rc, 0, "renice rprof's thread {tid}");
-    }
+    renice_all(rprof.child.id(), 19);
     let busy = Busy::start();
     let what = format!("process {pid}, starved");
     wait_for(&what, 100, used_cpu(pid, cpu));
@@ -781,6 +771,21 @@ pub fn record_starved(pid: u32, args: &[&str], cpu: f64) -> Run {
     // test asked for.
     drop(busy);
     stopped(&what, rprof)
+}
+
+/// Every thread of process `pid` (rprof) at nice `nice`.
+fn renice_all(pid: u32, nice: i32) {
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).expect("rprof's threads") {
+        let tid: libc::id_t = task
+            .expect("a thread")
+            .file_name()
+            .to_str()
+            .and_then(|t| t.parse().ok())
+            .expect("a tid");
+        // SAFETY: changes only the scheduling priority of one of rprof's threads.
+        let rc = unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, nice) };
+        assert_eq!(rc, 0, "renice rprof's thread {tid}");
+    }
 }
 
 /// `rprof record --format folded -o TMP ARGS...`, the targets in ARGS.
