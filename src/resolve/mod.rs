@@ -149,6 +149,8 @@ pub struct Resolver {
     /// frames named together ask about the same pair (more readings never
     /// make a proof false).
     proven: Cell<Option<(SampleTime, SampleTime)>>,
+    /// Naming a sample taken while compaction moved objects (`moving_stack`).
+    moving: bool,
     /// A sample was named since the last tick.
     named: bool,
     /// Stacks whose naming had to read the target's memory (what was known
@@ -200,6 +202,7 @@ impl Resolver {
                 .checked_sub(PRUNE_EVERY)
                 .unwrap_or_else(Instant::now),
             proven: Cell::new(None),
+            moving: false,
             named: true,
             reads: 0,
         };
@@ -239,6 +242,7 @@ impl Resolver {
                 .checked_sub(PRUNE_EVERY)
                 .unwrap_or_else(Instant::now),
             proven: Cell::new(None),
+            moving: false,
             named: true,
             reads: 0,
         };
@@ -406,6 +410,17 @@ impl Resolver {
         frames: &[types::rprof_frame],
         sample: SampleTime,
     ) -> Vec<Result<Frame, Unknown>> {
+        self.moving = true;
+        let out = self.moving_frames(frames, sample);
+        self.moving = false;
+        out
+    }
+
+    fn moving_frames(
+        &mut self,
+        frames: &[types::rprof_frame],
+        sample: SampleTime,
+    ) -> Vec<Result<Frame, Unknown>> {
         let mut out = self.stack(frames, sample);
         let before = SampleTime::at(GcTime(sample.latest.0.saturating_sub(1)));
         for (i, f) in frames.iter().enumerate() {
@@ -547,6 +562,10 @@ impl Resolver {
     ) -> Result<Frame, Unknown> {
         let key = (f.iseq, f.pc, f.cme, f.flags, leaf, trust);
         let old = frame_is_old(f);
+        // A sample of objects in motion is named by its own rule alone.
+        if self.moving {
+            return self.name_frame(f, trust, sample, leaf);
+        }
         if let Some(n) = self.named_frames.get(&key) {
             let same_time = n.time.earliest == sample.earliest && n.time.latest == sample.latest;
             if same_time || (n.old && old && self.same_old_objects(n.time, sample)) {
