@@ -84,8 +84,9 @@ impl Sample {
     /// may wait (`Pace`). Not so where rprof cannot tell old objects.
     pub fn code_is_old(&self) -> bool {
         use types::rprof_frame_flags as F;
+        // A C block's ifunc (per call, young) is no code to name.
         self.frames.iter().all(|f| {
-            (f.iseq == 0 || f.flags & F::RPROF_FRAME_ISEQ_OLD.0 != 0)
+            (f.iseq == 0 || f.flags & (F::RPROF_FRAME_ISEQ_OLD.0 | F::RPROF_FRAME_IFUNC.0) != 0)
                 && (f.cme == 0 || f.flags & F::RPROF_FRAME_CME_OLD.0 != 0)
         })
     }

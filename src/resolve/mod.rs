@@ -165,6 +165,13 @@ pub struct Resolver {
 /// again, never trusted longer.
 const IDLE_TICK: Duration = Duration::from_millis(100);
 
+/// How often the clock of a process whose samples are being named is
+/// followed: BPF sends a reading with the first record of each GC time,
+/// which is what tells minor GCs from major ones while samples come; a
+/// reading of rprof's own at each pass of the loop (hundreds a second)
+/// was a seventh of a busy rprof's time.
+const BUSY_TICK: Duration = Duration::from_millis(10);
+
 /// How often what is known is carried forward and pruned: a Rails worker
 /// collects 30 times a second, and pruning at each of its GC times was a
 /// seventh of a busy rprof's time. Facts not carried forward still answer
@@ -272,7 +279,8 @@ impl Resolver {
     /// Called between batches of samples: follows the GC's clock (to know
     /// which collections were major) and forgets what no sample can use.
     pub fn tick(&mut self) {
-        if !self.named && self.ticked.elapsed() < IDLE_TICK {
+        let every = if self.named { BUSY_TICK } else { IDLE_TICK };
+        if self.ticked.elapsed() < every {
             return;
         }
         self.named = false;
@@ -978,6 +986,12 @@ fn lookup<T: Clone>(
     let Some(now) = now else {
         return Err(Unknown::NotYet);
     };
+    // Not even an object old at both times would be the sample's: no read
+    // can name it. (Read anyway, such frames made a starved rprof's backlog
+    // dearer the longer it grew.)
+    if Memory::is_object(addr) && !sample.holds(|t| Stamp::read_at(now, true).describes(log, t, true)) {
+        return Err(Unknown::Collected);
+    }
     // An object's address that cannot be read: the GC freed its page, so
     // it freed the object first (callers read Unreadable as "no object
     // there": a frame outside any method has no method entry).
