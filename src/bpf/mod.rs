@@ -83,13 +83,16 @@ impl Sample {
     /// (promoted): only a major GC can free or move them, so naming them
     /// may wait (`Pace`). Not so where rprof cannot tell old objects.
     pub fn code_is_old(&self) -> bool {
-        use types::rprof_frame_flags as F;
-        // A C block's ifunc (per call, young) is no code to name.
-        self.frames.iter().all(|f| {
-            (f.iseq == 0 || f.flags & (F::RPROF_FRAME_ISEQ_OLD.0 | F::RPROF_FRAME_IFUNC.0) != 0)
-                && (f.cme == 0 || f.flags & F::RPROF_FRAME_CME_OLD.0 != 0)
-        })
+        self.frames.iter().all(code_is_old)
     }
+}
+
+/// Whether BPF saw the frame's iseq and method entry (those it has) old. A
+/// C block's ifunc (young, one per call) is no code to name.
+pub fn code_is_old(f: &types::rprof_frame) -> bool {
+    use types::rprof_frame_flags as F;
+    (f.iseq == 0 || f.flags & (F::RPROF_FRAME_ISEQ_OLD.0 | F::RPROF_FRAME_IFUNC.0) != 0)
+        && (f.cme == 0 || f.flags & F::RPROF_FRAME_CME_OLD.0 != 0)
 }
 
 /// (stack hash, events) of a closed epoch.

@@ -540,9 +540,7 @@ impl Collector {
         let time = sample_time(s);
         let old = s.code_is_old();
         if let Some(named) = self.named_ruby.get_mut(&key) {
-            let same =
-                named.time == time || (named.old && old && resolver.same_old_objects(named.time, time));
-            if same {
+            if resolver.still_names((named.time, named.old), (time, old)) {
                 named.used = self.generation;
                 return (named.frames.clone(), Vec::new());
             }

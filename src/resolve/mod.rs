@@ -383,11 +383,21 @@ impl Resolver {
         out
     }
 
-    /// Whether the objects of a sample at `named`, every one old then, are
-    /// the same at `sample`, where BPF saw them old too: only a major GC
-    /// frees or moves an old object, so with none between the two, what
-    /// named the one names the other (`MajorLog::describes`).
-    pub fn same_old_objects(&self, named: SampleTime, sample: SampleTime) -> bool {
+    /// Whether what named the objects of a sample at `named` names those of
+    /// a sample at `sample`, each with whether BPF saw them all old: at the
+    /// same GC time, or when old at both, with no major GC between (only a
+    /// major GC frees or moves an old object).
+    pub fn still_names(
+        &self,
+        (named, old_then): (SampleTime, bool),
+        (sample, old_now): (SampleTime, bool),
+    ) -> bool {
+        let same_time = named.earliest == sample.earliest && named.latest == sample.latest;
+        same_time || (old_then && old_now && self.same_old_objects(named, sample))
+    }
+
+    /// `MajorLog::describes` for objects old at both samples.
+    fn same_old_objects(&self, named: SampleTime, sample: SampleTime) -> bool {
         if self.proven.get() == Some((named, sample)) {
             return true;
         }
@@ -569,14 +579,13 @@ impl Resolver {
         leaf: bool,
     ) -> Result<Frame, Unknown> {
         let key = (f.iseq, f.pc, f.cme, f.flags, leaf, trust);
-        let old = frame_is_old(f);
+        let old = crate::bpf::code_is_old(f);
         // A sample of objects in motion is named by its own rule alone.
         if self.moving {
             return self.name_frame(f, trust, sample, leaf);
         }
         if let Some(n) = self.named_frames.get(&key) {
-            let same_time = n.time.earliest == sample.earliest && n.time.latest == sample.latest;
-            if same_time || (n.old && old && self.same_old_objects(n.time, sample)) {
+            if self.still_names((n.time, n.old), (sample, old)) {
                 return Ok(n.frame.clone());
             }
         }
@@ -861,15 +870,10 @@ impl Resolver {
             known: &self.names,
             read: &mut self.pending_names,
         };
-        let mut needed_read = false;
-        let name = ids.get(id, || {
-            needed_read = true;
-            reading.then(|| memory.id_name(id)).flatten()
-        });
-        match name {
+        match ids.get(id, || reading.then(|| memory.id_name(id)).flatten()) {
             Some(name) => Ok(name),
-            None if needed_read && !reading => Err(Unknown::NotYet),
-            None => Err(Unknown::Unreadable),
+            None if reading => Err(Unknown::Unreadable),
+            None => Err(Unknown::NotYet),
         }
     }
 
@@ -940,13 +944,6 @@ struct NamedFrame {
     frame: Frame,
     time: SampleTime,
     old: bool,
-}
-
-/// BPF saw the frame's iseq and method entry (those it has) old.
-fn frame_is_old(f: &types::rprof_frame) -> bool {
-    use types::rprof_frame_flags as F;
-    (f.iseq == 0 || f.flags & F::RPROF_FRAME_ISEQ_OLD.0 != 0)
-        && (f.cme == 0 || f.flags & F::RPROF_FRAME_CME_OLD.0 != 0)
 }
 
 /// The iseqs and method entries BPF saw old when it sent the sample's record.
