@@ -55,8 +55,8 @@ impl AddressSpace for Process {
 /// Reads served from whole pages while a bracket's reads are on
 /// (`PageCache::reading`): naming one stack reads hundreds of small fields
 /// from a few pages (an iseq, its body, its strings), and a system call per
-/// field was most of rprof's CPU time once a GC had made it read its code
-/// again. A page is read at its first use in the bracket and forgotten when
+/// field would be most of rprof's CPU time each time a major GC makes it
+/// read its code again. A page is read at its first use in the bracket and forgotten when
 /// reading stops, so every byte served was read between the bracket's two
 /// clock readings, as a read of its own would have been. `read_many` (the
 /// clock's) always reads the memory itself.

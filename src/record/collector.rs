@@ -676,7 +676,8 @@ struct CachedStack {
 /// those of the same GC time, and, when every object was old at both, those
 /// of any time with no major GC in between (the GC time is part of a stack's
 /// hash in BPF, so a program that collects often sends the same stack anew
-/// after each collection; naming it again was most of a starved rprof's work).
+/// after each collection, and naming it again is work a starved rprof lacks
+/// the time for).
 struct NamedRuby {
     frames: Rc<Vec<RubyFrame>>,
     time: SampleTime,

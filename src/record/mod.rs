@@ -225,8 +225,8 @@ impl Session<'_> {
         let mut pace = Pace::new(self.cfg.event.period());
         let mut hold = Hold::new(self.cfg.event.tick_period());
         // Exits come as records; this is for a target that ends otherwise (a
-        // PID rprof follows without its exit, an exec). Every 20 ms, its
-        // reads of /proc were a twelfth of a busy rprof's time.
+        // PID rprof follows without its exit, an exec). Each look is a read
+        // of /proc, rare enough here to stay off a busy rprof's budget.
         let mut liveness = Every::new(Duration::from_millis(100));
         loop {
             pace.sleep(hold.until());

@@ -87,7 +87,7 @@ pub struct Header {
 /// ID names: an ID names the same symbol for the life of the process, so a
 /// name once read is kept (`known`); names read inside a bracket wait in
 /// `read` until its second clock reading shows the GC stood still. A class's
-/// ivars are found by their names, which without these were read again for
+/// ivars are found by their names, which would otherwise be read again for
 /// every ivar of every class named.
 pub struct IdNames<'a> {
     pub known: &'a foldhash::HashMap<u64, Arc<str>>,

@@ -167,15 +167,15 @@ const IDLE_TICK: Duration = Duration::from_millis(100);
 
 /// How often the clock of a process whose samples are being named is
 /// followed: BPF sends a reading with the first record of each GC time,
-/// which is what tells minor GCs from major ones while samples come; a
+/// which is what tells minor GCs from major ones while samples come, so a
 /// reading of rprof's own at each pass of the loop (hundreds a second)
-/// was a seventh of a busy rprof's time.
+/// would only cost system calls.
 const BUSY_TICK: Duration = Duration::from_millis(10);
 
-/// How often what is known is carried forward and pruned: a Rails worker
-/// collects 30 times a second, and pruning at each of its GC times was a
-/// seventh of a busy rprof's time. Facts not carried forward still answer
-/// through the major log; they are kept a little longer.
+/// How often what is known is carried forward and pruned: a busy Rails
+/// worker collects tens of times a second, and each pruning walks every
+/// fact. Facts not carried forward still answer through the major log;
+/// they are kept a little longer.
 const PRUNE_EVERY: Duration = Duration::from_millis(50);
 
 impl Resolver {
@@ -306,8 +306,8 @@ impl Resolver {
     }
 
     /// Whether MJIT runs this process's code: set at boot, before any of
-    /// the program's code runs, and never cleared; looked at every tick
-    /// (a read per stack was a twentieth of a busy rprof's system calls).
+    /// the program's code runs, and never cleared; looked at every tick,
+    /// not for every stack (each look is a system call).
     fn note_mjit(&mut self) {
         if !self.mjit_on {
             let mut on = [0u8];
@@ -938,8 +938,8 @@ type FrameKey = (u64, u64, u64, u32, bool, PcTrust);
 /// and method entry old at both samples, at any time with no major GC in
 /// between: the same objects, so the same name and line. A program that
 /// collects often sends its stacks anew after each collection, and a
-/// server's stacks differ in a few leaf frames: naming every frame again was
-/// most of a busy rprof's time.
+/// server's stacks differ in a few leaf frames: naming every frame again
+/// would be most of a busy rprof's work.
 struct NamedFrame {
     frame: Frame,
     time: SampleTime,
@@ -984,8 +984,8 @@ fn lookup<T: Clone>(
         return Err(Unknown::NotYet);
     };
     // Not even an object old at both times would be the sample's: no read
-    // can name it. (Read anyway, such frames made a starved rprof's backlog
-    // dearer the longer it grew.)
+    // can name it, and reading anyway would make a starved rprof's backlog
+    // dearer the longer it grows.
     if Memory::is_object(addr) && !sample.holds(|t| Stamp::read_at(now, true).describes(log, t, true)) {
         return Err(Unknown::Collected);
     }
