@@ -218,6 +218,25 @@ fn short_lived_forks(delay: &str, env: &[(&str, &str)]) {
 }
 
 /// A program that allocates nothing while recorded shows no allocation.
+/// Allocations at full speed from thousands of stacks (alloc_stacks.rb):
+/// what the end line counts is in the recording, but for what it calls
+/// lost. An epoch then counts more stacks than the kernel returns in one
+/// batch of its counts table: every batch must be read, not only the
+/// first (the rest stayed in the table, filled it, and were never read).
+#[test]
+fn every_counted_allocation_is_in_the_recording() {
+    let target = Ruby::host().spawn("alloc_stacks.rb", &[]);
+    let run = attach(target.pid, &["-d", "4", "alloc"]).finish();
+    assert!(run.success, "{}", run.stderr);
+    let (counted, lost) = (run.summary("allocations"), run.summary("lost"));
+    eprintln!(
+        "{counted} allocations counted, {lost} lost, {} in the recording",
+        run.folded.total()
+    );
+    assert!(counted > 100_000, "{}", run.stderr);
+    assert_eq!(run.folded.total(), counted - lost, "{}", run.stderr);
+}
+
 #[test]
 fn no_allocations_none_shown() {
     let ruby = Ruby::host();

@@ -844,17 +844,28 @@ impl Probe {
             &self.skel.maps.counts1
         };
         // Nothing writes the closed map any more: empty it in a few batches.
-        let drained = map
-            .lookup_and_delete_batch(4096, MapFlags::ANY, MapFlags::ANY)
-            .context("draining the stack counts")?;
+        // An iteration ends at the first batch shorter than asked for, and
+        // the kernel ends a batch short where the next bucket would not fit,
+        // with more to come: so until a pass finds nothing (each pass the
+        // map has fewer). Counts left there were never read.
+        const PASSES: usize = 64;
         let mut counts = Vec::new();
-        for (key, value) in drained {
-            let mut count = types::rprof_stack_count::default();
-            if let (Ok(hash), Ok(())) = (
-                key.as_slice().try_into().map(u64::from_ne_bytes),
-                plain::copy_from_bytes(&mut count, &value),
-            ) {
-                counts.push((hash, count.count));
+        for _ in 0..PASSES {
+            let before = counts.len();
+            let drained = map
+                .lookup_and_delete_batch(4096, MapFlags::ANY, MapFlags::ANY)
+                .context("draining the stack counts")?;
+            for (key, value) in drained {
+                let mut count = types::rprof_stack_count::default();
+                if let (Ok(hash), Ok(())) = (
+                    key.as_slice().try_into().map(u64::from_ne_bytes),
+                    plain::copy_from_bytes(&mut count, &value),
+                ) {
+                    counts.push((hash, count.count));
+                }
+            }
+            if counts.len() == before {
+                break;
             }
         }
         Ok(counts)
