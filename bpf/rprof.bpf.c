@@ -1020,18 +1020,22 @@ struct {
  * waits whose thread ids collide at once (65,536 apart) leave the first's
  * clock to be read as if it were woken from outside its process (the owed
  * path of wall_in and settle_owed). */
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, RPROF_PID_WORDS);
-	__type(key, __u32);
-	__type(value, __u32);
-} gvl_waiters SEC(".maps");
+#define TID_SLOTS                                                                                  \
+	struct {                                                                                   \
+		__uint(type, BPF_MAP_TYPE_ARRAY);                                                  \
+		__uint(max_entries, RPROF_PID_WORDS);                                              \
+		__type(key, __u32);                                                                \
+		__type(value, __u32);                                                              \
+	}
 
-static __always_inline __u32 *gvl_waiter_slot(__u32 tid)
+TID_SLOTS gvl_waiters SEC(".maps");
+
+/* The slot of thread `tid` in a TID_SLOTS map. */
+static __always_inline __u32 *tid_slot(void *map, __u32 tid)
 {
 	__u32 slot = tid & (RPROF_PID_WORDS - 1);
 
-	return bpf_map_lookup_elem(&gvl_waiters, &slot);
+	return bpf_map_lookup_elem(map, &slot);
 }
 
 #define ON_CPU 1ULL
@@ -1140,6 +1144,35 @@ static __always_inline struct rprof_wall_slot *slot_of(struct rprof_wall_task *e
 	return i < RPROF_WALL_SLOTS ? &e->slots[i & (RPROF_WALL_SLOTS - 1)] : 0;
 }
 
+/* wall: by thread id modulo RPROF_PID_WORDS, the thread whose wait last
+ * opened after a walk: on_waking looks no further for whether the thread
+ * that wakes it is the one its switch-out handed the CPU to (walk_part). */
+TID_SLOTS walk_waiters SEC(".maps");
+
+/* wall: the time the walk of `e`'s wait held the CPU, taken as the wait is
+ * counted: what of it is the wait's. The walk delays what the CPU runs next,
+ * not what runs elsewhere: a wait ended from another CPU (a reply, a
+ * timer) ends when it would have, and began at the switch-out, so the
+ * walk's time is part of it; a wait ended by the thread switched to (two
+ * threads handing one CPU back and forth) ends as much later as the walk
+ * took, and began after it, so that time counts as running. Either way a
+ * walked wait lasts as long as the others, whose split the walked ones
+ * estimate (shorter by a walk, the shorter kind of two lost share). */
+static __always_inline __u64 walk_part(struct rprof_wall_task *e)
+{
+	__u64 ns = __sync_lock_test_and_set(&e->walk_ns, 0);
+	struct rprof_wall_slot *run;
+
+	if (!ns || !e->walk_by_next)
+		return ns;
+	run = slot_of(e, RPROF_WALL_KEY(RPROF_WALL_RUNNING, -1));
+	if (run)
+		__sync_fetch_and_add(&run->pending, ns);
+	else
+		stat_add(RPROF_STAT_WALL_UNSEEN, ns);
+	return 0;
+}
+
 static __always_inline void missed_gvl_wait(struct rprof_proc *p, struct rprof_wall_task *e,
 					    __u64 hash, __u64 start, __u64 ns, __u64 ran);
 
@@ -1156,7 +1189,7 @@ static __always_inline __u64 missed_switch_in(struct rprof_proc *p, struct rprof
 					      __u32 tid, struct task_struct *task, __u64 mark,
 					      __u64 now)
 {
-	__u64 total = (mark >> 1) < now ? now - (mark >> 1) : 0;
+	__u64 total = ((mark >> 1) < now ? now - (mark >> 1) : 0) + walk_part(e);
 	__u64 ran = task->se.sum_exec_runtime - e->exec, hash;
 	struct rprof_wall_slot *sl = 0;
 
@@ -1237,33 +1270,53 @@ static __always_inline void note_owed_clock(struct rprof_proc *p, struct rprof_w
 	e->owed_clock = clock;
 }
 
-/* wall: a CPU sample weighs the time on CPU since the thread's last mark
- * (its switch-in, or its previous sample), and the running time its
- * switch-outs left pending. So running time adds up exactly. */
+/* wall: what a CPU sample of thread `e` counts (wall_sample_weight), which
+ * ran `ran` ns since its last mark: 1, with that time pending in its running
+ * slot; its own time if it has no slot (nor then pending time to share). */
+static __always_inline __u64 sample_count(struct rprof_wall_task *e, __u64 ran)
+{
+	struct rprof_wall_slot *run = e ? slot_of(e, RPROF_WALL_KEY(RPROF_WALL_RUNNING, -1)) : 0;
+
+	if (!run)
+		return ran;
+	if (!ran)
+		return 0;
+	__sync_fetch_and_add(&run->pending, ran - 1);
+	return 1;
+}
+
+/* wall: a CPU sample counts 1 (ns) to the stack it finds; the thread's time
+ * on CPU since its last mark (its switch-in, or its previous sample) joins
+ * the rest of its running time in its running slot, which userspace shares
+ * among the stacks its samples found, in proportion to their counts (as
+ * waits not walked are shared). Ticks fall evenly over CPU time, so a
+ * method's share of the samples is its share of the time. Weighing each
+ * sample by the time since the one before gave a method the CPU time of
+ * whatever ran before it, across waits: a CPU burst after a wait took the
+ * time the thread ran, unsampled, before that wait (a job's query decoding,
+ * given to the crunching after its HTTP call). Running time still adds up
+ * exactly. */
 static __always_inline __u64 wall_sample_weight(struct rprof_proc *p, __u32 tid,
 						struct task_struct *task)
 {
-	struct rprof_wall_slot *run;
 	struct rprof_wall_task *e = bpf_map_lookup_elem(&wall_tasks, &tid);
-	__u64 now = bpf_ktime_get_ns(), since, weight;
+	__u64 now = bpf_ktime_get_ns(), since, ran;
 
 	if (!e) {
 		/* Running since before rprof saw it switch: since it was followed. */
 		since = task->start_time > p->wall_since ? task->start_time : p->wall_since;
 		add_wall_task(tid, FRESH_SAMPLE, (now << 1) | ON_CPU, 0, 0);
-		return since < now ? now - since : 0;
+		ran = since < now ? now - since : 0;
+		return sample_count(bpf_map_lookup_elem(&wall_tasks, &tid), ran);
 	}
 	if (e->owed_ns && !e->owed_clock)
 		note_owed_clock(p, e, task);
 	since = __sync_lock_test_and_set(&e->mark, (now << 1) | ON_CPU);
 	if (!(since & ON_CPU))
-		weight = missed_switch_in(p, e, tid, task, since, now);
+		ran = missed_switch_in(p, e, tid, task, since, now);
 	else
-		weight = (since >> 1) < now ? now - (since >> 1) : 0;
-	run = slot_of(e, RPROF_WALL_KEY(RPROF_WALL_RUNNING, -1));
-	if (run)
-		weight += __sync_lock_test_and_set(&run->pending, 0);
-	return weight;
+		ran = (since >> 1) < now ? now - (since >> 1) : 0;
+	return sample_count(e, ran);
 }
 
 /* wall: the sample's stack is its thread's running slot's now. (Looked up
@@ -2447,9 +2500,9 @@ static __always_inline struct rprof_wall_task *wall_out(struct task_struct *prev
 	ran = !(mark & ON_CPU) ? missed_switch_in(p, e, tid, prev, mark, now)
 	      : since < now    ? now - since
 			       : 0;
-	/* Running time waits for the thread's next CPU sample, which takes it
-	 * to the stack it finds: the stack a thread leaves the CPU in is where
-	 * it blocks, not where it ran. */
+	/* Running time is shared among the stacks the thread's CPU samples find
+	 * (wall_sample_weight): the stack a thread leaves the CPU in is where it
+	 * blocks, not where it ran. */
 	run = slot_of(e, RPROF_WALL_KEY(RPROF_WALL_RUNNING, -1));
 	if (run)
 		__sync_fetch_and_add(&run->pending, ran);
@@ -2466,7 +2519,7 @@ static __always_inline struct rprof_wall_task *wall_out(struct task_struct *prev
 	e->gc_woke = 0;
 	e->gc_at = state == RPROF_WALL_GVL ? gc_clock_at(p) : 0;
 	if (e->gc_at) {
-		__u32 *waiter = gvl_waiter_slot(tid);
+		__u32 *waiter = tid_slot(&gvl_waiters, tid);
 
 		if (waiter)
 			*waiter = tid;
@@ -2477,19 +2530,19 @@ static __always_inline struct rprof_wall_task *wall_out(struct task_struct *prev
 }
 
 /* wall: `e`'s wait opens at `at`, after its stack was walked (if it was),
- * and after its other fields: the sweep reads the mark, then them. The walk's
- * own time counts as running: the thread was still on its CPU, and the wait
- * it delays (the thread it switches to starts later) is not made longer by
- * it, so that walked waits last as long as the others do. */
-static __always_inline void open_wait(struct rprof_wall_task *e, __u64 now, __u64 at)
+ * and after its other fields: the sweep reads the mark, then them. The
+ * walk's own time, from `now`, is held until the wait ends (walk_part), for
+ * the thread that woke it says whose time it was. */
+static __always_inline void open_wait(struct rprof_wall_task *e, __u32 tid, __u64 now, __u64 at,
+				      __u32 next)
 {
-	struct rprof_wall_slot *run;
+	__u32 *walker = at > now ? tid_slot(&walk_waiters, tid) : 0;
 
-	if (at > now) {
-		run = slot_of(e, RPROF_WALL_KEY(RPROF_WALL_RUNNING, -1));
-		if (run)
-			__sync_fetch_and_add(&run->pending, at - now);
-	}
+	e->walk_ns = at > now ? at - now : 0;
+	e->walk_next = next;
+	e->walk_by_next = 0;
+	if (walker)
+		*walker = tid;
 	__sync_lock_test_and_set(&e->mark, at << 1);
 }
 
@@ -2502,7 +2555,7 @@ static __always_inline void wall_in(struct task_struct *next, __u64 now)
 	__u32 tid = next->pid;
 	struct rprof_wall_task *e;
 	struct rprof_proc *p;
-	__u64 old, ns, gc;
+	__u64 old, ns, gc, walk, start;
 
 	p = recipe_of(next);
 	if (!p)
@@ -2521,7 +2574,9 @@ static __always_inline void wall_in(struct task_struct *next, __u64 now)
 	old = __sync_lock_test_and_set(&e->mark, (now << 1) | ON_CPU);
 	if ((old & ON_CPU) || (old >> 1) >= now)
 		return;
-	ns = now - (old >> 1);
+	walk = walk_part(e);
+	start = (old >> 1) - walk;
+	ns = now - start;
 	if (e->gc_at && e->state == RPROF_WALL_GVL && !e->gc_woke) {
 		/* Woken from outside its process: split as it switches out. */
 		e->owed_clock = 0;
@@ -2535,7 +2590,7 @@ static __always_inline void wall_in(struct task_struct *next, __u64 now)
 	}
 	if (e->state == RPROF_WALL_GVL && e->gc_at) {
 		gc = gc_waited(e);
-		end_gvl_wait(e, e->hash, e->syscall, old >> 1, ns, gc, true);
+		end_gvl_wait(e, e->hash, e->syscall, start, ns, gc, true);
 	} else {
 		/* (a GVL wait without a GC clock has no GC part) */
 		charge_wait(e, e->hash, e->state, e->syscall, ns);
@@ -2566,9 +2621,9 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
 	}
 	if (out && walk.tgid) {
 		out->hash = wall_walk_count(&walk);
-		open_wait(out, now, bpf_ktime_get_ns());
+		open_wait(out, prev->pid, now, bpf_ktime_get_ns(), next->pid);
 	} else if (out) {
-		open_wait(out, now, now);
+		open_wait(out, prev->pid, now, now, 0);
 	}
 	wall_in(next, now);
 	return 0;
@@ -2579,19 +2634,31 @@ int BPF_PROG(on_switch, bool preempt, struct task_struct *prev, struct task_stru
  * GC's clock as that wait ends, read here because this runs in the waker,
  * whose memory is the process's (at the switch-in, the CPU may still be in
  * another process's). sched_waking, not sched_wakeup: the latter may run on
- * the wakee's CPU, in whatever task is there. */
+ * the wakee's CPU, in whatever task is there. And whether the waker of a
+ * wait whose stack was walked is the thread its switch-out handed the CPU
+ * to (walk_part). */
 SEC("tp_btf/sched_waking")
 int BPF_PROG(on_waking, struct task_struct *task)
 {
-	__u32 tid = task->pid, *waiter = gvl_waiter_slot(tid);
+	__u32 tid = task->pid, *waiter = tid_slot(&gvl_waiters, tid),
+	      *walker = tid_slot(&walk_waiters, tid);
+	__u64 waker = bpf_get_current_pid_tgid();
+	bool gvl, walked;
 	struct rprof_wall_task *e;
 	struct rprof_proc *p;
 
-	if (stop_ns || !waiter || *waiter != tid ||
-	    task->tgid != (__u32)(bpf_get_current_pid_tgid() >> 32))
+	if (stop_ns)
+		return 0;
+	gvl = waiter && *waiter == tid && task->tgid == (__u32)(waker >> 32);
+	walked = walker && *walker == tid;
+	if (!gvl && !walked)
 		return 0;
 	e = bpf_map_lookup_elem(&wall_tasks, &tid);
-	if (!e || !e->gc_at || e->gc_woke)
+	if (!e)
+		return 0;
+	if (walked && e->walk_ns && e->walk_next == (__u32)waker)
+		e->walk_by_next = 1;
+	if (!gvl || !e->gc_at || e->gc_woke)
 		return 0;
 	p = recipe_of(task);
 	if (p)
@@ -2739,7 +2806,7 @@ int wall_sweep(struct bpf_iter__task *ctx)
 	__u32 zero = 0;
 	struct rprof_wall_task *e;
 	struct rprof_proc *p;
-	__u64 now, mark, hash;
+	__u64 now, mark, hash, walk;
 	__u32 tid;
 	bool running, unmoved;
 
@@ -2797,11 +2864,12 @@ int wall_sweep(struct bpf_iter__task *ctx)
 				 * stop (final_gvl_wait). */
 			} else if ((mark >> 1) < now &&
 				   __sync_val_compare_and_swap(&e->mark, mark, now << 1) == mark) {
+				walk = walk_part(e);
 				if (e->gc_at && e->state == RPROF_WALL_GVL)
-					final_gvl_wait(e, hash, mark >> 1, now - (mark >> 1),
-						       stop_clock(task));
+					final_gvl_wait(e, hash, (mark >> 1) - walk,
+						       now - (mark >> 1) + walk, stop_clock(task));
 				else
-					sweep_wait(e, hash, now - (mark >> 1));
+					sweep_wait(e, hash, now - (mark >> 1) + walk);
 			}
 		}
 		out->held_hash = e->held_ns ? e->held_hash : 0;

@@ -518,6 +518,12 @@ struct rprof_wall_task {
 	__u64 exec;    /* off CPU: the task's CPU time (sum_exec_runtime) at the mark */
 	__u32 state;   /* off CPU: enum rprof_wall_state, 0 if unknown (a wait the sweep opened) */
 	__s32 syscall; /* off CPU: the system call it waits in, or -1 */
+	/* off CPU, its stack walked: how long the walk held the CPU as the wait
+	 * began, not counted yet (walk_part); the thread switched to then, and
+	 * whether that thread woke it */
+	__u64 walk_ns;
+	__u32 walk_next;
+	__u32 walk_by_next;
 	/* Its switch-out rate, apart for the waits it blocks in [0] and its
 	 * preemptions [1] (which other programs' wakeups can make thousands a
 	 * second): when the window began, switch-outs in it so far, and the

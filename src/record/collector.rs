@@ -292,7 +292,9 @@ impl Collector {
     /// `wall`: shares the pending time of each kind among the stacks of
     /// that kind counted this epoch, in proportion to their time: the walked
     /// waits are a sample taken by chance, whatever their stack, so their
-    /// split is the split of all. Time of a kind with no walked stack this
+    /// split is the split of all. Running time is all pending, and its
+    /// stacks count their CPU samples (1 each), so it splits as the samples
+    /// do. Time of a kind with no walked stack this
     /// epoch waits up to `PENDING_EPOCHS` epochs (and not past the last),
     /// then counts with no stack.
     fn share_pending(&mut self, last: bool, processes: &mut Processes, probe: &mut Probe) -> Result<()> {
@@ -323,17 +325,27 @@ impl Collector {
                 }
                 continue;
             }
-            let mut given = 0;
-            for (hash, n) in stacks {
-                let share = (u128::from(ns) * u128::from(*n) / u128::from(total)) as u64;
-                given += share;
-                if let Some(c) = self.current.get_mut(hash) {
+            let mut shares: Vec<(u64, u64)> = stacks
+                .iter()
+                .map(|(hash, n)| {
+                    (
+                        *hash,
+                        (u128::from(ns) * u128::from(*n) / u128::from(total)) as u64,
+                    )
+                })
+                .collect();
+            // What rounding left, to the first.
+            let given: u64 = shares.iter().map(|(_, share)| share).sum();
+            if let Some(first) = shares.first_mut() {
+                first.1 += ns - given;
+            }
+            for (hash, share) in shares {
+                if let Some(c) = self.current.get_mut(&hash) {
                     c.2 += share;
                 }
-            }
-            // What rounding left, to the first.
-            if let Some(c) = stacks.first().and_then(|(hash, _)| self.current.get_mut(hash)) {
-                c.2 += ns - given;
+                if self.stacks.get(&hash).is_some_and(|c| c.unknown) {
+                    self.unknown_samples += share;
+                }
             }
         }
         Ok(())
@@ -468,7 +480,13 @@ impl Collector {
         } else if s.has(types::rprof_sample_flags::RPROF_SAMPLE_FOREIGN_EC) {
             stack.push(Frame::marker("[GVL released: Ruby stack unknown]"));
         } else if s.has(types::rprof_sample_flags::RPROF_SAMPLE_UNSAMPLED) {
-            stack.push(Frame::marker("[short waits: stack not sampled]"));
+            stack.push(Frame::marker(
+                if h.wall_state == types::rprof_wall_state::RPROF_WALL_RUNNING.0 {
+                    "[short runs: stack not sampled]"
+                } else {
+                    "[short waits: stack not sampled]"
+                },
+            ));
         }
         if s.has(types::rprof_sample_flags::RPROF_SAMPLE_TRUNCATED) {
             stack.push(Frame::marker("[truncated]"));

@@ -1,6 +1,6 @@
 //! `wall`: where every followed thread's time goes, on CPU or not. BPF
-//! counts each thread's intervals exactly (`on_switch`, and CPU samples
-//! weighted by the time since the thread's last mark). A thread that
+//! counts each thread's intervals exactly (`on_switch`); its running time
+//! is shared among the stacks its CPU samples found, by their count. A thread that
 //! switches too often to walk every wait walks a random sample of them; the
 //! time of the others is counted per thread and kind (state and system
 //! call), and the collector shares it among the walked stacks of that kind
