@@ -2,7 +2,8 @@
 # Packages the stripped binary DIST/rprof as DIST/rprof_VERSION_amd64.deb:
 # the binary, its man pages and its bash, zsh and fish completions, made by
 # the binary itself from its command-line definition, and the agent's
-# systemd unit with its settings (packaging/). dpkg-deb only.
+# systemd unit with its settings, and its Kubernetes DaemonSet (packaging/).
+# dpkg-deb only.
 #   scripts/make-deb.sh DIST VERSION
 set -eu
 DIST=$1
@@ -17,6 +18,8 @@ install -m 0755 "$DIST/rprof" "$PKG/usr/bin/rprof"
 mkdir -p "$PKG/lib/systemd/system" "$PKG/etc/default"
 install -m 0644 packaging/rprof-agent.service "$PKG/lib/systemd/system/rprof-agent.service"
 install -m 0644 packaging/rprof-agent.default "$PKG/etc/default/rprof-agent"
+# On Kubernetes: the DaemonSet and the image it runs, with the same CPU limit.
+install -m 0644 packaging/rprof-agent.daemonset.yaml packaging/Dockerfile "$PKG/usr/share/doc/rprof/"
 "$DIST/rprof" generate man "$PKG/usr/share/man/man1"
 gzip -9n "$PKG"/usr/share/man/man1/*.1
 "$DIST/rprof" generate completions bash > "$PKG/usr/share/bash-completion/completions/rprof"

@@ -215,7 +215,8 @@ fn the_deb_installs_a_working_rprof_with_its_man_page_and_agent_service_and_remo
         "dpkg -r rprof >/dev/null 2>&1; dpkg -i /tmp/rprof.deb >/dev/null && rprof --version && \
          man rprof | head -5 && man rprof-record | head -5 && ls /usr/share/bash-completion/completions/rprof \
          /usr/share/zsh/vendor-completions/_rprof /usr/share/fish/vendor_completions.d/rprof.fish && \
-         man rprof-agent | head -5 && grep ExecStart= /lib/systemd/system/rprof-agent.service && \
+         man rprof-agent | head -5 && grep -e ^ExecStart= -e ^CPUQuota= /lib/systemd/system/rprof-agent.service && \
+         grep -h limits: /usr/share/doc/rprof/rprof-agent.daemonset.yaml && \
          grep ^RPROF_AGENT_ARGS= /etc/default/rprof-agent && \
          dpkg -P rprof >/dev/null && echo removed; dpkg -s rprof 2>&1 | head -1; \
          ls /usr/bin/rprof /usr/share/man/man1/rprof.1.gz /lib/systemd/system/rprof-agent.service \
@@ -254,6 +255,11 @@ fn the_deb_installs_a_working_rprof_with_its_man_page_and_agent_service_and_remo
     );
     assert!(
         said.contains("RPROF_AGENT_ARGS=\"--push http://localhost:4040\""),
+        "{said}{err}"
+    );
+    // Its CPU limit, the same as a service and as a DaemonSet.
+    assert!(
+        said.contains("CPUQuota=20%") && said.contains("limits: {cpu: 200m,"),
         "{said}{err}"
     );
     assert!(said.contains("removed"), "{said}{err}");

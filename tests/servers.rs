@@ -350,7 +350,7 @@ fn a_puma_cluster_with_native_frames() {
 /// The Rails app `app` under Debian's Puma (2 workers x 3 threads) in
 /// `dir`, booted, and wrk loading every worker: the server (its master is
 /// killed with it), its workers and wrk.
-fn loaded_rails(app: &str, dir: &Path) -> (Target, Vec<String>, std::process::Child) {
+pub(crate) fn loaded_rails(app: &str, dir: &Path) -> (Target, Vec<String>, std::process::Child) {
     let port = free_port();
     let mut puma = start_app("puma", "puma.rb", app, &[("PUMA_THREADS", "3")], port, dir);
     let first = rails_workers(&mut puma, 2);
@@ -509,10 +509,17 @@ fn rails_misnamed(stack: &[String]) -> Vec<&String> {
 /// A cgroup holding rprof to 10 ms of CPU every 100 ms (v1's
 /// `cpu.cfs_quota_us`, or v2's `cpu.max` where the cpu controller is on
 /// v2), removed on drop.
-struct CpuQuota(std::path::PathBuf);
+pub(crate) struct CpuQuota(std::path::PathBuf);
 
 impl CpuQuota {
     fn hold(pid: u32) -> CpuQuota {
+        Self::hold_percent(pid, 10)
+    }
+
+    /// `pid` held to `percent` of one CPU (per 100 ms, as systemd's
+    /// CPUQuota= sets it).
+    pub(crate) fn hold_percent(pid: u32, percent: u32) -> CpuQuota {
+        let quota_us = percent * 1000;
         let name = format!("rprof-test-{}", std::process::id());
         let v1 = Path::new("/sys/fs/cgroup/cpu");
         let v2 = Path::new("/sys/fs/cgroup");
@@ -520,7 +527,7 @@ impl CpuQuota {
             let dir = v1.join(&name);
             std::fs::create_dir_all(&dir).expect("make a cgroup v1 cpu group");
             std::fs::write(dir.join("cpu.cfs_period_us"), "100000").expect("cpu.cfs_period_us");
-            std::fs::write(dir.join("cpu.cfs_quota_us"), "10000").expect("cpu.cfs_quota_us");
+            std::fs::write(dir.join("cpu.cfs_quota_us"), quota_us.to_string()).expect("cpu.cfs_quota_us");
             dir
         } else {
             let controllers = std::fs::read_to_string(v2.join("cgroup.controllers")).unwrap_or_default();
@@ -531,7 +538,7 @@ impl CpuQuota {
             let _ = std::fs::write(v2.join("cgroup.subtree_control"), "+cpu");
             let dir = v2.join(&name);
             std::fs::create_dir_all(&dir).expect("make a cgroup v2 group");
-            std::fs::write(dir.join("cpu.max"), "10000 100000").expect("cpu.max");
+            std::fs::write(dir.join("cpu.max"), format!("{quota_us} 100000")).expect("cpu.max");
             dir
         };
         std::fs::write(dir.join("cgroup.procs"), pid.to_string()).expect("move rprof into the cgroup");
@@ -664,7 +671,7 @@ fn a_production_rails_app_keeps_its_names_with_rprof_held_to_10_percent_of_a_cpu
 /// Frames of `stack` named after code they cannot be: a compiled view's
 /// method or block on its own file's lines (Erubi's code adds two at the
 /// end), and ActiveSupport's number converters with their class.
-fn views_misnamed(stack: &[String]) -> Vec<&String> {
+pub(crate) fn views_misnamed(stack: &[String]) -> Vec<&String> {
     let mut wrong = Vec::new();
     for f in stack {
         let l = label(f);

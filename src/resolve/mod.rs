@@ -176,7 +176,7 @@ const BUSY_TICK: Duration = Duration::from_millis(10);
 /// worker collects tens of times a second, and each pruning walks every
 /// fact. Facts not carried forward still answer through the major log;
 /// they are kept a little longer.
-const PRUNE_EVERY: Duration = Duration::from_millis(50);
+const PRUNE_EVERY: Duration = Duration::from_millis(500);
 
 impl Resolver {
     pub fn new(target: &RubyTarget) -> Self {

@@ -85,6 +85,8 @@ struct PprofLocation {
 struct PprofLine {
     #[prost(uint64, tag = "1")]
     function_id: u64,
+    #[prost(int64, tag = "2")]
+    line: i64,
 }
 
 #[derive(Clone, PartialEq, Message)]
@@ -93,6 +95,8 @@ struct PprofFunction {
     id: u64,
     #[prost(int64, tag = "2")]
     name: i64,
+    #[prost(int64, tag = "4")]
+    filename: i64,
 }
 
 /// One push as received.
@@ -107,6 +111,8 @@ pub struct Push {
     pub duration_nanos: i64,
     /// Each sample's leaf function name and first value.
     pub leaves: Vec<(String, i64)>,
+    /// Each sample's function names, root first, and first value.
+    pub stacks: Vec<(Vec<String>, i64)>,
     pub headers: BTreeMap<String, String>,
     /// The request it came in (unzipped), and its profile as sent (gzipped
     /// pprof), for other tools to read.
@@ -404,6 +410,7 @@ fn handle(
                 time_nanos: p.time_nanos,
                 duration_nanos: p.duration_nanos,
                 leaves: leaves(&p),
+                stacks: stacks(&p),
                 headers: headers.clone(),
                 request: Arc::clone(&request),
                 raw_profile: sample.raw_profile.clone(),
@@ -447,22 +454,45 @@ fn invalid_profile(p: &PprofProfile) -> Option<String> {
 
 /// Each sample's leaf function and first value.
 fn leaves(p: &PprofProfile) -> Vec<(String, i64)> {
-    let name = |loc: u64| -> String {
-        let l = p.location.iter().find(|l| l.id == loc);
-        let f = l
-            .and_then(|l| l.line.first())
-            .and_then(|line| p.function.iter().find(|f| f.id == line.function_id));
-        f.and_then(|f| p.string_table.get(f.name as usize))
-            .cloned()
-            .unwrap_or_default()
+    p.sample
+        .iter()
+        .map(|s| {
+            let name = s
+                .location_id
+                .first()
+                .and_then(|&l| frame(p, l))
+                .map(|(name, _)| name);
+            (name.unwrap_or_default(), s.value.first().copied().unwrap_or(0))
+        })
+        .collect()
+}
+
+/// Each sample's frames as a folded file has them (`name (file:line)`),
+/// root first.
+fn stacks(p: &PprofProfile) -> Vec<(Vec<String>, i64)> {
+    let folded = |&loc: &u64| -> String {
+        match frame(p, loc) {
+            Some((name, Some((file, line)))) => format!("{name} ({file}:{line})"),
+            Some((name, None)) => name,
+            None => String::new(),
+        }
     };
     p.sample
         .iter()
         .map(|s| {
             (
-                s.location_id.first().map(|&l| name(l)).unwrap_or_default(),
+                s.location_id.iter().rev().map(folded).collect(),
                 s.value.first().copied().unwrap_or(0),
             )
         })
         .collect()
+}
+
+/// A location's function name, and its file and line if it has a file.
+fn frame(p: &PprofProfile, loc: u64) -> Option<(String, Option<(String, i64)>)> {
+    let line = p.location.iter().find(|l| l.id == loc)?.line.first()?;
+    let f = p.function.iter().find(|f| f.id == line.function_id)?;
+    let text = |i: i64| p.string_table.get(i as usize).cloned().unwrap_or_default();
+    let file = text(f.filename);
+    Some((text(f.name), (!file.is_empty()).then_some((file, line.line))))
 }
