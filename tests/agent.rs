@@ -759,7 +759,7 @@ fn the_agent_held_to_its_units_cpu_quota_keeps_its_names() {
     let how = format!("the agent held to {quota} of a CPU");
     let server = Receiver::start();
     let dir = tempfile::tempdir().expect("tempdir");
-    let (_puma, first, mut wrk) = crate::servers::loaded_rails("rails_views.ru", dir.path());
+    let (_puma, first, mut wrk) = crate::servers::loaded_rails("rails_views.ru", dir.path(), 14);
     // A production app is warm when its agent starts: its views compiled
     // and their code old.
     std::thread::sleep(Duration::from_secs(2));

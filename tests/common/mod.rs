@@ -877,12 +877,27 @@ pub fn start_recording(
     out: PathBuf,
     dir: tempfile::TempDir,
 ) -> Attached {
-    let mut child = Command::new(RPROF)
+    start_command(Command::new(RPROF).args(args).envs(env.iter().copied()), out, dir)
+}
+
+/// `attach_with_env`, rprof started at nice `nice` (as `nice -n NICE rprof`).
+pub fn attach_at_nice(pid: u32, args: &[&str], env: &[(&str, &str)], nice: i32) -> Attached {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = dir.path().join("out.folded");
+    let file = out.to_str().expect("utf8 path").to_string();
+    let pid = pid.to_string();
+    let nice = nice.to_string();
+    let mut cmd = Command::new("nice");
+    cmd.args(["-n", &nice, RPROF, "record", "--format", "folded", "-o", &file])
+        .args(["-p", &pid, "--threads"])
         .args(args)
-        .envs(env.iter().copied())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start rprof");
+        .envs(env.iter().copied());
+    start_command(&mut cmd, out, dir)
+}
+
+/// `cmd` (an rprof recording) started, once it has said it records.
+fn start_command(cmd: &mut Command, out: PathBuf, dir: tempfile::TempDir) -> Attached {
+    let mut child = cmd.stderr(Stdio::piped()).spawn().expect("start rprof");
     let mut stderr = BufReader::new(child.stderr.take().expect("stderr"));
     // What rprof says before the line that it records (RPROF_SAY_TABLES,
     // say) is kept for the run's stderr; that line is not.
