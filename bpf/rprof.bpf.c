@@ -1144,6 +1144,17 @@ static __always_inline struct rprof_wall_slot *slot_of(struct rprof_wall_task *e
 	return i < RPROF_WALL_SLOTS ? &e->slots[i & (RPROF_WALL_SLOTS - 1)] : 0;
 }
 
+/* wall: time whose stack is not known yet: pending in the slot of its kind
+ * (running, or a wait not walked), which userspace shares among the stacks
+ * of that kind; unseen if the thread has no slot for it. */
+static __always_inline void unpend(struct rprof_wall_slot *sl, __u64 ns)
+{
+	if (sl)
+		__sync_fetch_and_add(&sl->pending, ns);
+	else
+		stat_add(RPROF_STAT_WALL_UNSEEN, ns);
+}
+
 /* wall: by thread id modulo RPROF_PID_WORDS, the thread whose wait last
  * opened after a walk: on_waking looks no further for whether the thread
  * that wakes it is the one its switch-out handed the CPU to (walk_part). */
@@ -1157,19 +1168,14 @@ TID_SLOTS walk_waiters SEC(".maps");
  * threads handing one CPU back and forth) ends as much later as the walk
  * took, and began after it, so that time counts as running. Either way a
  * walked wait lasts as long as the others, whose split the walked ones
- * estimate (shorter by a walk, the shorter kind of two lost share). */
+ * estimate. */
 static __always_inline __u64 walk_part(struct rprof_wall_task *e)
 {
 	__u64 ns = __sync_lock_test_and_set(&e->walk_ns, 0);
-	struct rprof_wall_slot *run;
 
 	if (!ns || !e->walk_by_next)
 		return ns;
-	run = slot_of(e, RPROF_WALL_KEY(RPROF_WALL_RUNNING, -1));
-	if (run)
-		__sync_fetch_and_add(&run->pending, ns);
-	else
-		stat_add(RPROF_STAT_WALL_UNSEEN, ns);
+	unpend(slot_of(e, RPROF_WALL_KEY(RPROF_WALL_RUNNING, -1)), ns);
 	return 0;
 }
 
@@ -1290,12 +1296,9 @@ static __always_inline __u64 sample_count(struct rprof_wall_task *e, __u64 ran)
  * the rest of its running time in its running slot, which userspace shares
  * among the stacks its samples found, in proportion to their counts (as
  * waits not walked are shared). Ticks fall evenly over CPU time, so a
- * method's share of the samples is its share of the time. Weighing each
- * sample by the time since the one before gave a method the CPU time of
- * whatever ran before it, across waits: a CPU burst after a wait took the
- * time the thread ran, unsampled, before that wait (a job's query decoding,
- * given to the crunching after its HTTP call). Running time still adds up
- * exactly. */
+ * method's share of the samples is its share of the time; a sample weighed
+ * by the time since the one before would also take what ran unsampled
+ * before it, across waits, in other methods. Running time adds up exactly. */
 static __always_inline __u64 wall_sample_weight(struct rprof_proc *p, __u32 tid,
 						struct task_struct *task)
 {
@@ -2260,16 +2263,6 @@ static __always_inline void want_walk(struct wall_walk *r, struct task_struct *t
 		r->object = object_of(task, e->syscall, r);
 }
 
-/* wall: time of a wait whose stack was not walked: pending in the slot of
- * its kind, which userspace shares among the walked stacks of that kind. */
-static __always_inline void unpend(struct rprof_wall_slot *sl, __u64 ns)
-{
-	if (sl)
-		__sync_fetch_and_add(&sl->pending, ns);
-	else
-		stat_add(RPROF_STAT_WALL_UNSEEN, ns);
-}
-
 /* wall: how far the GC's clock ran in a GVL wait, from its opening to the
  * thread's wakeup: while a thread waits for the GVL, only the GVL's holder
  * can collect. (Capped at the wait by the caller: the clock is the
@@ -2467,7 +2460,6 @@ static __always_inline struct rprof_wall_task *wall_out(struct task_struct *prev
 {
 	__u32 tid = prev->pid, slot, state;
 	struct rprof_wall_task *e;
-	struct rprof_wall_slot *run;
 	struct rprof_proc *p;
 	struct scratch *s;
 	__u64 mark, since, ran;
@@ -2503,11 +2495,7 @@ static __always_inline struct rprof_wall_task *wall_out(struct task_struct *prev
 	/* Running time is shared among the stacks the thread's CPU samples find
 	 * (wall_sample_weight): the stack a thread leaves the CPU in is where it
 	 * blocks, not where it ran. */
-	run = slot_of(e, RPROF_WALL_KEY(RPROF_WALL_RUNNING, -1));
-	if (run)
-		__sync_fetch_and_add(&run->pending, ran);
-	else
-		stat_add(RPROF_STAT_WALL_UNSEEN, ran);
+	unpend(slot_of(e, RPROF_WALL_KEY(RPROF_WALL_RUNNING, -1)), ran);
 	if (e->owed_ns && state != RPROF_WALL_RUNNABLE)
 		settle_owed(p, e, prev, state);
 	else if (!e->owed_ns && state != RPROF_WALL_GVL && state != RPROF_WALL_RUNNABLE)

@@ -788,14 +788,14 @@ fn the_agent_held_to_its_units_cpu_quota_keeps_its_names() {
             .flat_map(|p| &p.stacks)
             .map(|(_, n)| n)
             .sum();
-        let expected = cpu * 99.0;
-        eprintln!(
-            "{how}: worker {worker}: {pushed} samples pushed for {cpu:.3} s of CPU: {:.3}",
-            pushed as f64 / expected
-        );
-        assert!(
-            pushed as f64 >= expected * 0.95,
-            "{how}: worker {worker}: {pushed} samples pushed, where {cpu:.3} s of CPU at 99 Hz gives {expected:.0}"
+        let pushed = u64::try_from(pushed).expect("a count");
+        crate::servers::assert_samples_for_cpu(
+            &how,
+            worker,
+            pushed,
+            (cpu, 99.0),
+            0.95..=f64::INFINITY,
+            &summary,
         );
         for p in &of_worker {
             for (stack, n) in &p.stacks {

@@ -416,15 +416,14 @@ fn a_rails_app_keeps_its_names_with_every_cpu_busy() {
                 .sum()
         };
         let all = of_worker(&|_| true);
-        let expected = cpu * 299.0;
-        eprintln!(
-            "worker {worker}: {all} samples for {cpu:.3} s of CPU: {:.3} of {expected:.0}",
-            all as f64 / expected
-        );
-        assert!(
-            expected >= 300.0 && (expected * 0.98..=expected * 1.03).contains(&(all as f64)),
-            "worker {worker}: {all} samples, where {cpu:.3} s of CPU at 299 Hz gives {expected:.0}: {}",
-            run.stderr
+        assert!(cpu * 299.0 >= 300.0, "worker {worker}: {cpu:.3} s of CPU");
+        assert_samples_for_cpu(
+            "every CPU busy",
+            worker,
+            all,
+            (cpu, 299.0),
+            0.98..=1.03,
+            &run.stderr,
         );
         let mine = of_worker(&|s| {
             s.iter()
@@ -630,16 +629,8 @@ fn starved_rails(starved: Starved) {
             .filter(|(s, _)| common::process_of(s) == Some(worker.as_str()))
             .map(|(_, n)| n)
             .sum();
-        let expected = cpu * 99.0;
-        eprintln!(
-            "{how}: worker {worker}: {all} samples for {cpu:.3} s of CPU: {:.3}",
-            all as f64 / expected
-        );
-        assert!(
-            expected >= 300.0 && (expected * 0.98..=expected * 1.03).contains(&(all as f64)),
-            "{how}: worker {worker}: {all} samples, where {cpu:.3} s of CPU at 99 Hz gives {expected:.0}: {}",
-            run.stderr
-        );
+        assert!(cpu * 99.0 >= 300.0, "{how}: worker {worker}: {cpu:.3} s of CPU");
+        assert_samples_for_cpu(&how, worker, all, (cpu, 99.0), 0.98..=1.03, &run.stderr);
     }
     // The starved seconds alone, from the next half second on.
     let from = format!("{:.1}", (starved_at * 2.0).ceil() / 2.0);
@@ -687,6 +678,26 @@ fn starved_rails(starved: Starved) {
         unknown * 100 <= total,
         "{how}: {unknown} of {total} samples with [unknown] frames: {}",
         run.stderr
+    );
+}
+
+/// `samples` of Rails worker `worker` against what `cpu` seconds of CPU
+/// give at `hz`: printed, and their ratio asserted `within` (`context` said
+/// if not).
+pub(crate) fn assert_samples_for_cpu(
+    how: &str,
+    worker: &str,
+    samples: u64,
+    (cpu, hz): (f64, f64),
+    within: std::ops::RangeInclusive<f64>,
+    context: &str,
+) {
+    let expected = cpu * hz;
+    let ratio = samples as f64 / expected;
+    eprintln!("{how}: worker {worker}: {samples} samples for {cpu:.3} s of CPU: {ratio:.3} of {expected:.0}");
+    assert!(
+        within.contains(&ratio),
+        "{how}: worker {worker}: {samples} samples, where {cpu:.3} s of CPU at {hz} Hz gives {expected:.0}: {context}"
     );
 }
 
