@@ -613,9 +613,17 @@ fn starved_rails(starved: Starved) {
     };
     let starved_at = recording.elapsed().as_secs_f64();
     std::thread::sleep(Duration::from_secs(10));
+    // The workers are stopped before their CPU time is read and rprof is
+    // stopped: a starved rprof may see its stop late, and a worker that ran
+    // on would be sampled past its reading.
+    let stopped: Vec<common::Stopped> = first
+        .iter()
+        .map(|w| common::Stopped::new(w.parse().expect("a worker's pid")))
+        .collect();
     let cpu: Vec<f64> = watches.iter().map(common::CpuWatch::seconds).collect();
     rprof.interrupt();
     let run = rprof.finish();
+    drop(stopped);
     let _ = wrk.wait();
     assert!(run.success, "{how}: {}", run.stderr);
     eprintln!("{how}: {}", run.stderr.trim());

@@ -74,15 +74,6 @@ fn a_syscall_made_without_the_gvl_is_charged_to_its_own_thread() {
     );
 }
 
-/// A process this test stopped, continued when dropped.
-struct Stopped(u32);
-
-impl Drop for Stopped {
-    fn drop(&mut self) {
-        common::signal(self.0, libc::SIGCONT);
-    }
-}
-
 /// The id of the thread of `pid` named `name` (Ruby names its native
 /// threads after Thread#name; a chroot's Ruby has no /proc of its own).
 fn thread_named(pid: u32, name: &str) -> String {
@@ -112,11 +103,9 @@ fn check_gc_unseen(r: &Ruby) {
         &[("RPROF_SAY_NAMED", "1")],
     );
     rprof.wait_stderr(&format!("rprof: named a whole stack of thread {looper}"));
-    // A signal that failed silently would let this test pass untested.
-    assert!(common::signal(rprof.child.id(), libc::SIGSTOP), "stopping rprof");
     // Continued however this test ends: a stopped rprof would keep its
     // programs attached through the tests after it.
-    let stopped = Stopped(rprof.child.id());
+    let stopped = common::Stopped::new(rprof.child.id());
     assert!(common::signal(target.pid, libc::SIGUSR1), "signalling the target");
     let gcs = target.wait_line("gcs", Duration::from_secs(30));
     drop(stopped);

@@ -459,6 +459,23 @@ pub fn signal(pid: u32, sig: libc::c_int) -> bool {
     unsafe { libc::kill(pid as libc::pid_t, sig) == 0 }
 }
 
+/// A process this test stopped (SIGSTOP), continued when dropped.
+pub struct Stopped(u32);
+
+impl Stopped {
+    pub fn new(pid: u32) -> Stopped {
+        // A signal that failed silently would let a test pass untested.
+        assert!(signal(pid, libc::SIGSTOP), "stopping {pid}");
+        Stopped(pid)
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        signal(self.0, libc::SIGCONT);
+    }
+}
+
 /// The processes whose parent is `pid`, now.
 pub fn children_of(pid: u32) -> Vec<u32> {
     std::fs::read_dir("/proc")
