@@ -561,18 +561,46 @@ enum Starved {
     Nice19,
 }
 
-/// A production-shaped Rails 6.1 app (tests/ruby/rails_views.ru: views and
-/// a partial from files, compiled once and cached) under Puma (2 workers x
+/// A Rails app of tests/ruby and what its frames must be.
+struct RailsApp {
+    file: &'static str,
+    /// Whether a frame's label is the app's own code.
+    code: fn(&str) -> bool,
+    misnamed: fn(&[String]) -> Vec<&String>,
+    /// The most samples with an `[unknown]` frame, in per cent.
+    unknown_percent: u64,
+}
+
+/// tests/ruby/rails_views.ru: views and a partial from files, compiled once
+/// and cached, as in production.
+const VIEWS: RailsApp = RailsApp {
+    file: "rails_views.ru",
+    code: |l| l.contains("_html_erb__"),
+    misnamed: views_misnamed,
+    unknown_percent: 1,
+};
+
+/// tests/ruby/rails.ru: an inline template compiled anew on every request,
+/// whose code the GC frees while its samples wait to be named.
+const PER_REQUEST: RailsApp = RailsApp {
+    file: "rails.ru",
+    code: |l| l.starts_with("block in _inline_template__"),
+    misnamed: rails_misnamed,
+    unknown_percent: 3,
+};
+
+/// A production-shaped Rails 6.1 app (`VIEWS`) under Puma (2 workers x
 /// 3 threads) and wrk, both CPUs busy with it, recorded from the master,
 /// with rprof's process held to 10% of one CPU by a cgroup quota once it has
 /// named a whole stack and warmed up for 2 s: over the 10 starved seconds,
 /// at most 1% of samples with an `[unknown]` frame, no misnamed frame, and
 /// every worker sampled as its CPU time gives. Measured: 0 or 1 of about
-/// 1,250 samples `[unknown]` in 6 runs. rprof needs about 4% of a CPU here,
-/// too near a 5% quota to keep up every time, so 10% is what is asserted.
+/// 1,250 samples `[unknown]` in 6 runs. rprof needs 4 to 6% of a CPU here:
+/// at 5% it falls behind (up to 70 of 1,810 `[unknown]` in 4 runs), so 10%
+/// is what is asserted.
 #[test]
 fn a_production_rails_app_keeps_its_names_with_rprof_held_to_10_percent_of_a_cpu() {
-    starved_rails(Starved::Quota(10));
+    starved_rails(&VIEWS, Starved::Quota(10));
 }
 
 /// The same with rprof started at nice 19 and no quota (its recording
@@ -580,17 +608,26 @@ fn a_production_rails_app_keeps_its_names_with_rprof_held_to_10_percent_of_a_cpu
 /// Measured: 0 of about 1,050 samples `[unknown]` in 2 runs.
 #[test]
 fn a_production_rails_app_keeps_its_names_with_rprof_at_nice_19() {
-    starved_rails(Starved::Nice19);
+    starved_rails(&VIEWS, Starved::Nice19);
 }
 
-fn starved_rails(starved: Starved) {
+/// The same held to 10% with the app compiling its template anew on every
+/// request (`PER_REQUEST`): the GC frees each request's code soon after, and
+/// a starved rprof reads late. At most 3% `[unknown]`, none misnamed.
+/// Measured: 1 or 2 of about 1,800 samples `[unknown]` in 5 runs.
+#[test]
+fn a_rails_app_compiling_per_request_keeps_its_names_with_rprof_held_to_10_percent_of_a_cpu() {
+    starved_rails(&PER_REQUEST, Starved::Quota(10));
+}
+
+fn starved_rails(app: &RailsApp, starved: Starved) {
     let how = match starved {
         Starved::Quota(percent) => format!("{percent}% of a CPU"),
         Starved::Nice19 => "nice 19".to_string(),
     };
     let dir = tempfile::tempdir().expect("tempdir");
     // Load past the warm-up and the 10 starved seconds.
-    let (puma, first, mut wrk) = loaded_rails("rails_views.ru", dir.path(), 16);
+    let (puma, first, mut wrk) = loaded_rails(app.file, dir.path(), 16);
     let master = puma.pid;
     let raw = dir.path().join("rec.rprof");
     let raw_arg = raw.to_str().expect("utf8 path");
@@ -668,7 +705,7 @@ fn starved_rails(starved: Starved) {
     let wrong: Vec<(&String, String)> = starved
         .stacks
         .iter()
-        .flat_map(|(s, _)| views_misnamed(s).into_iter().map(|f| (f, s.join(";"))))
+        .flat_map(|(s, _)| (app.misnamed)(s).into_iter().map(|f| (f, s.join(";"))))
         .collect();
     assert!(
         wrong.is_empty(),
@@ -676,14 +713,14 @@ fn starved_rails(starved: Starved) {
     );
     let total = starved.total();
     let unknown = starved.count(|f| f == "[unknown]");
-    let views = starved.count(|f| f.contains("_html_erb__"));
-    eprintln!("{how}: from {from} s, {unknown} of {total} samples with [unknown], {views} in the views");
+    let code = starved.count(|f| (app.code)(label(f)));
+    eprintln!("{how}: from {from} s, {unknown} of {total} samples with [unknown], {code} in the app's code");
     assert!(
-        total >= 800 && views * 2 >= total,
-        "{how}: {views} of {total} samples in the views"
+        total >= 800 && code * 2 >= total,
+        "{how}: {code} of {total} samples in the app's code"
     );
     assert!(
-        unknown * 100 <= total,
+        unknown * 100 <= total * app.unknown_percent,
         "{how}: {unknown} of {total} samples with [unknown] frames: {}",
         run.stderr
     );
