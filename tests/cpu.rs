@@ -315,7 +315,7 @@ fn a_full_ring_buffer_loses_samples_that_are_counted_and_reported() {
 #[test]
 fn sampling_at_10_khz_works() {
     let target = Ruby::host().spawn("ratio.rb", &[]);
-    let (run, cpu) = common::record_with_cpu(&[target.pid], &["-d", "1", "-F", "10000"]);
+    let (run, cpu) = common::record_with_cpu(&[target.pid], &["-F", "10000"], 1.0);
     assert!(run.success, "{}", run.stderr);
     // One busy thread: a sample every 100 microseconds of the CPU it gets.
     let samples = run.summary("samples");

@@ -197,7 +197,7 @@ fn without_subprocesses_only_the_given_process_is_recorded() {
 fn several_processes_in_one_profile() {
     let a = Ruby::host().spawn("short.rb", &["30"]);
     let b = Ruby::host().spawn("short.rb", &["30"]);
-    let (run, cpu) = common::record_with_cpu(&[a.pid, b.pid], &["--processes", "-d", "1", "-F", "499"]);
+    let (run, cpu) = common::record_with_cpu(&[a.pid, b.pid], &["--processes", "-F", "499"], 1.0);
     assert!(run.success, "{}", run.stderr);
     for (pid, cpu) in [a.pid, b.pid].into_iter().zip(cpu) {
         let n: u64 = run

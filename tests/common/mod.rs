@@ -707,16 +707,23 @@ pub fn assert_samples_match_cpu(samples: u64, cpu: f64, hz: f64, what: &str) {
 /// `assert_samples_match_cpu`).
 pub const SAMPLES_SLACK: f64 = 0.05;
 
-/// `attach` to several live targets, each with the CPU time it used from
-/// rprof's "recording" line (its sampling has begun) to rprof's end.
-pub fn record_with_cpu(pids: &[u32], args: &[&str]) -> (Run, Vec<f64>) {
+/// `attach` to several live targets for `seconds`, each with the CPU time
+/// it used from rprof's "recording" line (its sampling has begun) to its
+/// stop: the targets are stopped (SIGSTOP) before their CPU time is read and
+/// rprof is stopped, so that none runs, unsampled, while rprof ends.
+pub fn record_with_cpu(pids: &[u32], args: &[&str], seconds: f64) -> (Run, Vec<f64>) {
     let others: Vec<String> = pids[1..].iter().map(|p| p.to_string()).collect();
     let mut all: Vec<&str> = others.iter().flat_map(|p| ["-p", p.as_str()]).collect();
     all.extend_from_slice(args);
     let rprof = attach(pids[0], &all);
     let watches: Vec<CpuWatch> = pids.iter().map(|&p| CpuWatch::start(p)).collect();
+    std::thread::sleep(Duration::from_secs_f64(seconds));
+    let stopped: Vec<Stopped> = pids.iter().map(|&p| Stopped::new(p)).collect();
+    let cpu = watches.iter().map(CpuWatch::seconds).collect();
+    rprof.interrupt();
     let run = rprof.finish();
-    (run, watches.iter().map(CpuWatch::seconds).collect())
+    drop(stopped);
+    (run, cpu)
 }
 
 /// Runs `rprof record -p PID ARGS... --format folded -o TMP` and reads the result.
