@@ -377,7 +377,7 @@ fn a_reused_pid_is_another_process_whose_samples_never_join_the_old_ones() {
     let a = Ruby::host().spawn("named.rb", &["alpha", "30"]);
     let c = Ruby::host().spawn("named.rb", &["gamma", "30"]);
     let (pa, pc) = (a.pid.to_string(), c.pid.to_string());
-    let rprof = attach(a.pid, &["-p", &pc, "-F", "499", "-d", "3"]);
+    let rprof = attach(a.pid, &["-p", &pc, "-F", "499"]);
     let (alpha_cpu, gamma_cpu) = (common::cpu_seconds(a.pid), common::cpu_seconds(c.pid));
     // alpha ends (and is reaped); a new process gets its PID and runs beta.
     std::thread::sleep(Duration::from_millis(1000));
@@ -385,8 +385,14 @@ fn a_reused_pid_is_another_process_whose_samples_never_join_the_old_ones() {
     let alpha_cpu = common::cpu_seconds(a.pid) - alpha_cpu;
     drop(a);
     let b = start_with_pid("beta", reused).expect("the old PID for the new process");
-    let run = rprof.finish();
+    std::thread::sleep(Duration::from_millis(1500));
+    // Stopped before gamma's CPU is read and rprof stops: neither runs on,
+    // unsampled, while rprof ends.
+    let stopped = [common::Stopped::new(c.pid), common::Stopped::new(b.pid)];
     let gamma_cpu = common::cpu_seconds(c.pid) - gamma_cpu;
+    rprof.interrupt();
+    let run = rprof.finish();
+    drop(stopped);
     drop(b);
     assert!(run.success, "{}", run.stderr);
     let count = |name: &str| run.folded.count(|f| label(f) == format!("Object#burn_{name}"));
