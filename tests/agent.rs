@@ -776,11 +776,7 @@ fn the_agent_held_to_its_units_cpu_quota_keeps_its_names() {
     // The workers stopped, their CPU time is final: the agent's every
     // sample of them since its start is in what it pushes by its end (its
     // last profile flushed then).
-    let stopped: Vec<common::Stopped> = first
-        .iter()
-        .map(|w| common::Stopped::new(w.parse().expect("a worker's pid")))
-        .collect();
-    let cpu: Vec<f64> = watches.iter().map(common::CpuWatch::seconds).collect();
+    let (stopped, cpu) = common::stop_and_read(&watches);
     let summary = agent.stop();
     let pushes = server.pushes();
     drop(stopped);

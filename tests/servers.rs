@@ -684,11 +684,7 @@ fn starved_rails(app: &RailsApp, starved: Starved, mode: &str) {
     // The workers are stopped before their CPU time is read and rprof is
     // stopped: a starved rprof may see its stop late, and a worker that ran
     // on would be sampled past its reading.
-    let stopped: Vec<common::Stopped> = first
-        .iter()
-        .map(|w| common::Stopped::new(w.parse().expect("a worker's pid")))
-        .collect();
-    let cpu: Vec<f64> = watches.iter().map(common::CpuWatch::seconds).collect();
+    let (stopped, cpu) = common::stop_and_read(&watches);
     rprof.interrupt();
     let run = rprof.finish();
     drop(stopped);

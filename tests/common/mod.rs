@@ -635,6 +635,14 @@ impl CpuWatch {
     }
 }
 
+/// Each watched process stopped (continued when its guard drops) and the
+/// CPU seconds it used since its watch began: final while it stays stopped,
+/// so a profiler stopped after this has sampled no CPU time beyond it.
+pub fn stop_and_read(watches: &[CpuWatch]) -> (Vec<Stopped>, Vec<f64>) {
+    let stopped = watches.iter().map(|w| Stopped::new(w.pid)).collect();
+    (stopped, watches.iter().map(CpuWatch::seconds).collect())
+}
+
 /// The CPU time one thread of a live process has used so far, in seconds
 /// (/proc's utime + stime, in clock ticks of 10 ms).
 pub fn thread_cpu_seconds(pid: u32, tid: &str) -> f64 {
@@ -718,8 +726,7 @@ pub fn record_with_cpu(pids: &[u32], args: &[&str], seconds: f64) -> (Run, Vec<f
     let rprof = attach(pids[0], &all);
     let watches: Vec<CpuWatch> = pids.iter().map(|&p| CpuWatch::start(p)).collect();
     std::thread::sleep(Duration::from_secs_f64(seconds));
-    let stopped: Vec<Stopped> = pids.iter().map(|&p| Stopped::new(p)).collect();
-    let cpu = watches.iter().map(CpuWatch::seconds).collect();
+    let (stopped, cpu) = stop_and_read(&watches);
     rprof.interrupt();
     let run = rprof.finish();
     drop(stopped);
